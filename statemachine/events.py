@@ -1,0 +1,93 @@
+"""Inputs of ``step()``. The shell turns the world into these; each is a frozen value."""
+
+from __future__ import annotations
+
+import attrs
+
+
+@attrs.frozen
+class Tick:
+    """The clock moved to ``now`` (seconds, any origin, never backwards)."""
+
+    now: float
+
+
+@attrs.frozen
+class Startup:
+    """The router is up: load the models marked pinned or load_on_startup."""
+
+
+@attrs.frozen
+class RequestArrived:
+    """A client request for ``target`` (a model or pool name; aliases already resolved).
+
+    ``tokens`` is what the request needs in one slot (prompt + requested output), None when unknown.
+    """
+
+    rid: int
+    target: str
+    tokens: int | None = None
+
+
+@attrs.frozen
+class ClientGone:
+    """The client of ``rid`` disconnected."""
+
+    rid: int
+
+
+@attrs.frozen
+class RequestFinished:
+    """The upstream exchange of ``rid`` is over (completed, failed, or closed after CancelUpstream)."""
+
+    rid: int
+
+
+@attrs.frozen
+class ReplicaReady:
+    replica: int
+
+
+@attrs.frozen
+class LoadFailed:
+    """A loading replica will not become ready (e.g. /health never answered). Its process must still go."""
+
+    replica: int
+    reason: str
+
+
+@attrs.frozen
+class ReplicaExited:
+    """The replica's process is gone; its memory is free."""
+
+    replica: int
+    reason: str
+
+
+@attrs.frozen
+class UnloadRequested:
+    """Unload one model (or all when ``model`` is None); ``force`` kills busy replicas too."""
+
+    model: str | None = None
+    force: bool = False
+
+
+@attrs.frozen
+class ShutdownRequested:
+    """Stop admitting; in-flight work may run until ``deadline``; then everything is killed."""
+
+    deadline: float
+
+
+Event = (
+    Tick
+    | Startup
+    | RequestArrived
+    | ClientGone
+    | RequestFinished
+    | ReplicaReady
+    | LoadFailed
+    | ReplicaExited
+    | UnloadRequested
+    | ShutdownRequested
+)

@@ -1,0 +1,80 @@
+"""``check(state)``: every state invariant of spec/scheduler.md (INV-*), raising on the first violation."""
+
+from __future__ import annotations
+
+from .state import CANCELLING, INFLIGHT, QUEUED, READY, STOPPING, State
+
+
+class InvariantViolation(AssertionError):
+    pass
+
+
+def _fail(inv: str, message: str) -> None:
+    raise InvariantViolation(f"{inv}: {message}")
+
+
+def check(state: State) -> None:
+    settings = state.settings
+    gpus = {g for r in state.replicas for g in r.gpus}
+    for gpu in sorted(gpus):
+        residents = state.residents(gpu)
+        if len(residents) > settings.policy.max_models_per_gpu:
+            _fail(
+                "INV-CAP", f"GPU {gpu} holds {sorted(residents)} (cap {settings.policy.max_models_per_gpu})"
+            )
+        budget = settings.budget(gpu)
+        if budget is not None and state.used(gpu) > budget:
+            _fail("INV-BUDGET", f"GPU {gpu} uses {state.used(gpu)} bytes of {budget}")
+    by_id = {r.id: r for r in state.replicas}
+    if len(by_id) != len(state.replicas):
+        _fail("INV-IDS", "two replicas share an id")
+    for replica in state.replicas:
+        spec = settings.models[replica.model]
+        if len(replica.inflight) > spec.slots:
+            _fail(
+                "INV-SLOTS", f"replica {replica.id} has {len(replica.inflight)} in flight, {spec.slots} slots"
+            )
+        if replica.inflight and replica.phase not in (READY, STOPPING):
+            _fail("INV-READY", f"replica {replica.id} is {replica.phase} with requests in flight")
+        if replica.inflight and replica.phase == STOPPING and not replica.forced:
+            _fail("INV-KILL-IDLE", f"replica {replica.id} was killed with requests in flight")
+        if tuple(replica.gpus) != tuple(spec.gpus):
+            _fail("INV-GPUS", f"replica {replica.id} runs on {replica.gpus}, model says {spec.gpus}")
+        for rid in replica.inflight:
+            request = state.requests.get(rid)
+            if (
+                request is None
+                or request.phase not in (INFLIGHT, CANCELLING)
+                or request.replica != replica.id
+            ):
+                _fail("INV-REQUEST-HOME", f"replica {replica.id} holds request {rid} that is not its own")
+    queued = 0
+    for request in state.requests.values():
+        if request.phase == QUEUED:
+            queued += 1
+            if request.replica is not None:
+                _fail("INV-REQUEST-HOME", f"queued request {request.rid} names replica {request.replica}")
+        else:
+            replica = by_id.get(request.replica) if request.replica is not None else None
+            if replica is None or request.rid not in replica.inflight:
+                _fail("INV-REQUEST-HOME", f"request {request.rid} is {request.phase} but no replica holds it")
+    if queued != state.waiting:
+        _fail("INV-QUEUE", f"{queued} requests are queued but the count says {state.waiting}")
+    listed = 0
+    for target, fifo in state.queues.items():
+        live = list(fifo.live(lambda rid: rid in state.requests and state.requests[rid].phase == QUEUED))
+        if len(live) != fifo.count:
+            _fail("INV-QUEUE", f"queue {target} counts {fifo.count} but holds {len(live)}")
+        if fifo.count and fifo.first() != live[0]:
+            _fail("INV-QUEUE", f"queue {target} has a dead head")
+        for rid in live:
+            if state.requests[rid].target != target:
+                _fail("INV-QUEUE", f"request {rid} sits in the queue of {target}")
+        seqs = [state.requests[rid].seq for rid in live]
+        if seqs != sorted(seqs):
+            _fail("INV-QUEUE", f"queue {target} is out of arrival order")
+        listed += len(live)
+    if listed != queued:
+        _fail("INV-QUEUE", f"{queued} requests are queued but {listed} are in queues")
+    if state.shutting_down and queued:
+        _fail("INV-SHUTDOWN", f"{queued} requests still wait after shutdown began")

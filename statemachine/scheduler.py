@@ -1,0 +1,209 @@
+"""``step(state, event) -> (state, commands)``: the scheduler's only entry point.
+
+Each event type has one rule in ``_RULES``. A rule checks the event's precondition (raising IllegalEvent,
+which leaves the caller's state as it was), applies its effect to a working copy, and then the scheduling
+pass (``passes.schedule``) decides what can move. The same sequence of events always yields the same
+commands: there is no clock, no randomness and no I/O here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from .commands import Command, Kill, Reject
+from .errors import IllegalEvent
+from .events import (
+    ClientGone,
+    Event,
+    LoadFailed,
+    ReplicaExited,
+    ReplicaReady,
+    RequestArrived,
+    RequestFinished,
+    ShutdownRequested,
+    Startup,
+    Tick,
+    UnloadRequested,
+)
+from .passes import candidates, fail_waiters, schedule
+from .state import CANCELLING, INFLIGHT, LOADING, QUEUED, READY, STOPPING, Request, State
+from .work import Work
+
+
+def step(state: State, event: Event) -> tuple[State, tuple[Command, ...]]:
+    rule = _RULES.get(type(event))
+    if rule is None:
+        raise IllegalEvent(f"unknown event type {type(event).__name__}")
+    w = Work(state)
+    rule(w, event)
+    schedule(w)
+    return w.freeze(), tuple(w.cmds)
+
+
+def run(state: State, events: list[Event]) -> tuple[State, list[Command]]:
+    """Feed ``events`` in order; return the final state and every command (handy in tests and replays)."""
+    out: list[Command] = []
+    for event in events:
+        state, cmds = step(state, event)
+        out.extend(cmds)
+    return state, out
+
+
+# ---------------------------------------------------------------------------------------------- rules
+def _tick(w: Work, e: Tick) -> None:
+    if e.now < w.now:
+        raise IllegalEvent(f"Tick({e.now}) goes back in time (now is {w.now})")
+    w.now = e.now
+
+
+def _startup(w: Work, e: Startup) -> None:
+    for spec in sorted(w.settings.models.values(), key=lambda m: m.name):
+        if not (spec.pinned or spec.load_on_startup) or spec.refusal is not None:
+            continue
+        missing = spec.replicas - len(w.live_replicas(spec.name))
+        if missing > 0 and all(w.fits(spec, g, missing, set(), count_stopping=True) for g in spec.gpus):
+            for _ in range(missing):
+                w.spawn(spec, "load on startup")
+
+
+def _arrived(w: Work, e: RequestArrived) -> None:
+    if e.rid in w.requests:
+        raise IllegalEvent(f"request {e.rid} arrived twice")
+    request = Request(rid=e.rid, target=e.target, tokens=e.tokens, arrived=w.now, seq=w.next_seq)
+    w.next_seq += 1
+    if w.shutting_down:
+        w.cmds.append(_reject(e.rid, 503, "shutting_down", "the router is shutting down; retry shortly"))
+        return
+    models, pools = w.settings.models, w.settings.pools
+    if e.target not in models and e.target not in pools:
+        known = ", ".join(sorted((*models.keys(), *pools.keys())))
+        message = f"model '{e.target}' is not served here; known models: {known}"
+        w.cmds.append(_reject(e.rid, 404, "model_not_found", message))
+        return
+    names = candidates(w, e.target, e.tokens)
+    if not names:
+        w.cmds.append(_unservable(w, e))
+        return
+    pool = pools.get(e.target)
+    over = w.waiting >= w.policy.queue_limit
+    if pool is not None and w.fifo(pool.name).count >= w.policy.routing_queue_limit:
+        over = True
+    if over:
+        request = attrs.evolve(request, overflow=True)
+        w.overflow.append(e.rid)
+    w.enqueue(request)
+
+
+def _unservable(w: Work, e: RequestArrived) -> Command:
+    pool = w.settings.pools.get(e.target)
+    members = (pool.members if pool.fallback else pool.members[:1]) if pool else (e.target,)
+    specs = [w.model(m) for m in members]
+    refused = [s for s in specs if s.refusal is not None]
+    if len(refused) == len(specs):
+        return _reject(e.rid, 503, "model_unavailable", "; ".join(s.refusal or "" for s in refused))
+    largest = max(s.ctx_per_slot or 0 for s in specs if s.refusal is None)
+    return _reject(
+        e.rid,
+        400,
+        "context_length_exceeded",
+        f"the request needs {e.tokens} tokens but the largest per-slot context of '{e.target}' is {largest} "
+        "tokens (ctx / parallel); shorten the prompt or max_tokens, or raise the model's ctx",
+    )
+
+
+def _reject(rid: int, status: int, code: str, message: str) -> Command:
+    return Reject(rid, status, code, message)
+
+
+def _client_gone(w: Work, e: ClientGone) -> None:
+    request = w.request(e.rid)
+    if request is None:
+        raise IllegalEvent(f"ClientGone for unknown request {e.rid}")
+    if request.phase == QUEUED:
+        w.unqueue(request)
+    elif request.phase == INFLIGHT:
+        w.cancel(request)
+    else:
+        raise IllegalEvent(f"ClientGone for request {e.rid}, which is already being cancelled")
+
+
+def _finished(w: Work, e: RequestFinished) -> None:
+    request = w.request(e.rid)
+    if request is None or request.phase not in (INFLIGHT, CANCELLING):
+        raise IllegalEvent(f"RequestFinished for request {e.rid}, which is not in flight")
+    w.release(request)
+
+
+def _ready(w: Work, e: ReplicaReady) -> None:
+    replica = w.replicas.get(e.replica)
+    if replica is None or replica.phase != LOADING:
+        raise IllegalEvent(f"ReplicaReady for replica {e.replica}, which is not loading")
+    w.replicas[replica.id] = attrs.evolve(replica, phase=READY)
+
+
+def _load_failed(w: Work, e: LoadFailed) -> None:
+    replica = w.replicas.get(e.replica)
+    if replica is None or replica.phase != LOADING:
+        raise IllegalEvent(f"LoadFailed for replica {e.replica}, which is not loading")
+    w.replicas[replica.id] = attrs.evolve(replica, phase=STOPPING)
+    w.cmds.append(Kill(replica.id, replica.model, f"load failed: {e.reason}"))
+    _after_load_failure(w, replica.model, e.reason)
+
+
+def _after_load_failure(w: Work, model: str, reason: str) -> None:
+    if w.live_replicas(model):
+        return
+    fail_waiters(w, model, f"model '{model}' failed to load: {reason}", 503, "load_failed")
+
+
+def _exited(w: Work, e: ReplicaExited) -> None:
+    replica = w.replicas.get(e.replica)
+    if replica is None:
+        raise IllegalEvent(f"ReplicaExited for unknown replica {e.replica}")
+    w.drop_replica(replica)
+    for rid in sorted(replica.inflight):
+        request = w.requests[rid]
+        if request.phase == CANCELLING:
+            w.requests.remove(rid)
+        else:
+            w.requests.remove(rid)
+            message = f"the replica of '{replica.model}' serving this request exited: {e.reason}"
+            w.cmds.append(_reject(rid, 502, "replica_exited", message))
+    if replica.phase == LOADING:
+        _after_load_failure(w, replica.model, e.reason)
+
+
+def _unload(w: Work, e: UnloadRequested) -> None:
+    if e.model is not None and e.model not in w.settings.models:
+        raise IllegalEvent(f"UnloadRequested for unknown model {e.model!r}")
+    for replica in list(w.replicas.values()):
+        if replica.phase == STOPPING or (e.model is not None and replica.model != e.model):
+            continue
+        if e.force or not replica.inflight:
+            w.kill(replica, "unload requested" + (" (forced)" if replica.inflight else ""))
+        else:
+            w.replicas[replica.id] = attrs.evolve(replica, draining=True)
+
+
+def _shutdown(w: Work, e: ShutdownRequested) -> None:
+    w.deadline = e.deadline if w.deadline is None else min(w.deadline, e.deadline)
+    w.shutting_down = True
+    for request in sorted((r for r in w.state.requests.values() if r.phase == QUEUED), key=lambda r: r.seq):
+        w.reject(request, 503, "shutting_down", "the router is shutting down; retry shortly")
+
+
+_RULES: dict[type, Callable[[Work, Any], None]] = {
+    Tick: _tick,
+    Startup: _startup,
+    RequestArrived: _arrived,
+    ClientGone: _client_gone,
+    RequestFinished: _finished,
+    ReplicaReady: _ready,
+    LoadFailed: _load_failed,
+    ReplicaExited: _exited,
+    UnloadRequested: _unload,
+    ShutdownRequested: _shutdown,
+}

@@ -1,0 +1,111 @@
+"""Static inputs of the scheduler: models, pools, devices and the policy knobs.
+
+These values come from the router's configuration (and, for memory needs, from the placement arithmetic);
+the scheduler never changes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+from pyrsistent import pmap
+from pyrsistent.typing import PMap
+
+EVICTION_POLICIES = ("lru", "fifo")
+
+
+def _need_converter(value: Mapping[int, int] | None) -> PMap[int, int]:
+    return pmap(value or {})
+
+
+@attrs.frozen
+class ModelSpec:
+    """One model as the scheduler sees it.
+
+    ``need`` maps a GPU id to the bytes one replica takes there; a GPU missing from it counts as zero (an
+    unknown need only counts against the residency cap). ``ctx_per_slot`` is the context one slot holds
+    (None: unknown, never a reason to refuse). ``refusal`` is set when placement decided the model can never
+    fit its GPUs; requests for it are refused with that text.
+    """
+
+    name: str
+    gpus: tuple[int, ...] = (0,)
+    replicas: int = 1
+    slots: int = 1
+    ctx_per_slot: int | None = None
+    need: PMap[int, int] = attrs.field(factory=pmap, converter=_need_converter)
+    pinned: bool = False
+    ttl: float | None = None
+    load_on_startup: bool = False
+    refusal: str | None = None
+
+    def need_on(self, gpu: int) -> int:
+        return self.need.get(gpu, 0)
+
+
+@attrs.frozen
+class PoolSpec:
+    """Several models behind one name, in priority order.
+
+    Without ``fallback`` only the first member serves; with it a request goes to the first member that has a
+    free slot and enough context.
+    """
+
+    name: str
+    members: tuple[str, ...]
+    fallback: bool = False
+
+
+@attrs.frozen
+class DeviceSpec:
+    id: int
+    budget: int | None = None
+
+
+@attrs.frozen
+class Policy:
+    max_models_per_gpu: int = 1
+    eviction: str = "lru"
+    queue_head_grace: float = 0.0
+    queue_force_load_timeout: float = 300.0
+    queue_limit: int = 1000
+    routing_queue_limit: int = 32
+
+    @property
+    def claim_after(self) -> float:
+        """How long a request that needs a swap waits before it holds its GPUs against later requests."""
+        return min(self.queue_head_grace, self.queue_force_load_timeout)
+
+
+def _models(value: Mapping[str, ModelSpec] | list[ModelSpec]) -> PMap[str, ModelSpec]:
+    if isinstance(value, Mapping):
+        return pmap(value)
+    return pmap({m.name: m for m in value})
+
+
+def _pools(value: Mapping[str, PoolSpec] | list[PoolSpec]) -> PMap[str, PoolSpec]:
+    if isinstance(value, Mapping):
+        return pmap(value)
+    return pmap({p.name: p for p in value})
+
+
+def _devices(value: Mapping[int, DeviceSpec] | list[DeviceSpec]) -> PMap[int, DeviceSpec]:
+    if isinstance(value, Mapping):
+        return pmap(value)
+    return pmap({d.id: d for d in value})
+
+
+@attrs.frozen
+class Settings:
+    models: PMap[str, ModelSpec] = attrs.field(converter=_models)
+    pools: PMap[str, PoolSpec] = attrs.field(factory=pmap, converter=_pools)
+    devices: PMap[int, DeviceSpec] = attrs.field(factory=pmap, converter=_devices)
+    policy: Policy = attrs.field(factory=Policy)
+
+    def budget(self, gpu: int) -> int | None:
+        device = self.devices.get(gpu)
+        return None if device is None else device.budget
+
+    def pools_of(self, model: str) -> tuple[str, ...]:
+        return tuple(p.name for p in self.pools.values() if model in p.members)

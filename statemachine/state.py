@@ -1,0 +1,94 @@
+"""The scheduler's state: frozen values, derived with ``attrs.evolve`` and persistent maps."""
+
+from __future__ import annotations
+
+import attrs
+from pyrsistent import pmap, pset
+from pyrsistent.typing import PMap, PSet
+
+from .fifo import Fifo
+from .settings import Settings
+
+QUEUED = "queued"
+INFLIGHT = "inflight"
+CANCELLING = "cancelling"
+
+LOADING = "loading"
+READY = "ready"
+STOPPING = "stopping"
+
+
+@attrs.frozen
+class Request:
+    """A request the scheduler still owns. Finished, rejected and cancelled requests are dropped."""
+
+    rid: int
+    target: str
+    tokens: int | None
+    arrived: float
+    seq: int
+    phase: str = QUEUED
+    replica: int | None = None
+    model: str | None = None
+    overflow: bool = False
+
+
+@attrs.frozen
+class Replica:
+    """One llama-server process of ``model``.
+
+    ``draining``: takes no new work and is killed once idle (unload, shutdown). ``forced``: killed while it
+    still had requests in flight (shutdown deadline or forced unload).
+    """
+
+    id: int
+    model: str
+    gpus: tuple[int, ...]
+    phase: str
+    spawned_at: float
+    inflight: PSet[int] = attrs.field(factory=pset)
+    draining: bool = False
+    forced: bool = False
+
+
+@attrs.frozen
+class State:
+    settings: Settings
+    now: float = 0.0
+    requests: PMap[int, Request] = attrs.field(factory=pmap)
+    queues: PMap[str, Fifo] = attrs.field(factory=pmap)
+    waiting: int = 0
+    replicas: tuple[Replica, ...] = ()
+    next_replica: int = 1
+    next_seq: int = 1
+    last_used: PMap[str, float] = attrs.field(factory=pmap)
+    loaded_at: PMap[str, float] = attrs.field(factory=pmap)
+    shutting_down: bool = False
+    deadline: float | None = None
+    stopped: bool = False
+    wake_at: float | None = None
+
+    def replica(self, rid: int) -> Replica | None:
+        for r in self.replicas:
+            if r.id == rid:
+                return r
+        return None
+
+    def replicas_of(self, model: str) -> list[Replica]:
+        return [r for r in self.replicas if r.model == model]
+
+    def residents(self, gpu: int) -> set[str]:
+        """Models resident on ``gpu``: any replica, from Spawn until it has exited."""
+        return {r.model for r in self.replicas if gpu in r.gpus}
+
+    def used(self, gpu: int) -> int:
+        models = self.settings.models
+        return sum(models[r.model].need_on(gpu) for r in self.replicas if gpu in r.gpus)
+
+    def queued(self) -> list[Request]:
+        """Waiting requests in arrival order."""
+        return sorted((r for r in self.requests.values() if r.phase == QUEUED), key=lambda r: r.seq)
+
+
+def initial_state(settings: Settings, now: float = 0.0) -> State:
+    return State(settings=settings, now=now)
