@@ -57,6 +57,8 @@ def _tick(w: Work, e: Tick) -> None:
     if e.now < w.now:
         raise IllegalEvent(f"Tick({e.now}) goes back in time (now is {w.now})")
     w.now = e.now
+    if w.wake_at is not None and e.now >= w.wake_at:
+        w.wake_at = None  # the requested wake-up happened; a later WakeAt for the same time is sent again
 
 
 def _startup(w: Work, e: Startup) -> None:

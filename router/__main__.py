@@ -1,0 +1,62 @@
+"""Command line: ``python -m router --config FILE`` runs the router; subcommands do the rest."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from .config import ConfigError, load_config
+from .locate import LlamaServerNotFound
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .server import fail, main_run
+
+    path = args.config or os.environ.get("ROUTER_CONFIG_PATH")
+    if not path:
+        return fail("no configuration: pass --config FILE or set ROUTER_CONFIG_PATH")
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        return fail(str(exc))
+    except OSError as exc:
+        return fail(f"cannot read config {path}: {exc.strerror or exc}")
+    try:
+        return main_run(config)
+    except LlamaServerNotFound as exc:
+        return fail(str(exc))
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from .placement_bridge import plan_command
+
+    return plan_command(args.config or os.environ.get("ROUTER_CONFIG_PATH"), as_json=args.json)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "make-model":
+        from .tinymodel import main as make_model
+
+        return make_model(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m router", description="llama-router")
+    parser.add_argument("--config", help="TOML or JSON config (default: $ROUTER_CONFIG_PATH)")
+    parser.add_argument("--log-level", default=os.environ.get("ROUTER_LOG_LEVEL", "INFO"))
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("run", help="run the router (the default)")
+    plan = sub.add_parser("plan", help="print the memory plan of every model and exit")
+    plan.add_argument("--json", action="store_true", help="print the versioned JSON document")
+    sub.add_parser("make-model", help="write a tiny random-weight GGUF model (see make-model --help)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.command == "plan":
+        return _plan(args)
+    return _run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,202 @@
+"""HTTP routes (quart-trio on hypercorn): the forwarded API, model list, status, upstream pass-through."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+from quart import Response, request
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from .config import Config, resolve_name
+from .errors import error_response
+from .proxy import Proxy
+from .runtime import Router
+from .status import models_document, status_document
+
+FORWARDED = (
+    "/v1/chat/completions",
+    "/chat/completions",
+    "/v1/completions",
+    "/completions",
+    "/completion",
+    "/v1/embeddings",
+    "/embeddings",
+    "/v1/rerank",
+    "/rerank",
+    "/v1/reranking",
+    "/reranking",
+    "/infill",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/responses",
+    "/tokenize",
+    "/detokenize",
+    "/apply-template",
+    "/v1/chat/completions/input_tokens",
+)
+
+TOKEN_COUNTING = (
+    "/v1/messages/count_tokens",
+    "/tokenize",
+    "/detokenize",
+    "/v1/chat/completions/input_tokens",
+)
+
+_OUTPUT_KEYS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
+_SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9._~:@!$&'()*+,;=-]+$")
+
+
+def requested_output(body: dict[str, Any]) -> int | None:
+    """Output tokens the request asks for, when it says (a lower bound of what its slot must hold)."""
+    for key in _OUTPUT_KEYS:
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> QuartTrio:
+    app = QuartTrio("llama_router")
+    app.config["MAX_CONTENT_LENGTH"] = config.router.max_body_mib * 1024 * 1024
+    app.config["RESPONSE_TIMEOUT"] = None
+    app.config["BODY_TIMEOUT"] = 120
+    proxy = Proxy(router, client)
+
+    @app.errorhandler(HTTPException)
+    async def http_error(exc: HTTPException) -> Response:
+        status = exc.code or 500
+        if status == 413:
+            limit = config.router.max_body_mib
+            message = f"request body is larger than max_body_mib = {limit} MiB; send less or raise the limit"
+            return error_response(413, "request_too_large", message)
+        return error_response(status, exc.name.lower().replace(" ", "_"), exc.description or exc.name)
+
+    def resolve(name: Any, path: str) -> tuple[str | None, Response | None]:
+        if isinstance(name, str) and name:
+            target = resolve_name(config, name)
+            if target is not None:
+                if path in TOKEN_COUNTING and target in config.pools:
+                    members = ", ".join(config.pools[target].members)
+                    message = f"'{name}' is a pool; token counting needs one of its models: {members}"
+                    return None, error_response(400, "pool_not_allowed", message)
+                return target, None
+        default = config.router.default_pool
+        if default is not None and path not in TOKEN_COUNTING:
+            return default, None
+        known = ", ".join(sorted((*config.models, *config.pools)))
+        if not name:
+            message = f'the request names no model; add "model" with one of: {known}'
+            return None, error_response(400, "model_required", message)
+        return None, error_response(
+            404, "model_not_found", f"model '{name}' is not served here; known: {known}"
+        )
+
+    async def forward(path: str) -> Response:
+        raw = await request.get_data(cache=False)
+        try:
+            body = json.loads(raw or b"null")
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return error_response(400, "invalid_json", f"the request body is not valid JSON: {exc}")
+        if not isinstance(body, dict):
+            return error_response(400, "invalid_json", "the request body must be a JSON object")
+        target, problem = resolve(body.get("model"), path)
+        if problem is not None:
+            return problem
+        assert target is not None
+        ticket = router.admit(
+            target,
+            asked=body.get("model") if isinstance(body.get("model"), str) else None,
+            endpoint=path,
+            client=request.remote_addr or "",
+            tokens=requested_output(body),
+        )
+        return await proxy.respond(
+            ticket,
+            method="POST",
+            path=path,
+            query=request.query_string,
+            body=raw,
+            headers=request.headers,
+            stream=body.get("stream") is True,
+        )
+
+    def forwarder(path: str) -> Callable[[], Awaitable[Response]]:
+        async def view() -> Response:
+            return await forward(path)
+
+        return view
+
+    for route in FORWARDED:
+        app.add_url_rule(route, endpoint=route, view_func=forwarder(route), methods=["POST"])
+
+    @app.route("/health")
+    async def health() -> Response:
+        return Response(json.dumps({"status": "ok"}), content_type="application/json")
+
+    @app.route("/v1/models")
+    @app.route("/models")
+    async def models() -> Response:
+        return Response(json.dumps(models_document(config, router)), content_type="application/json")
+
+    @app.route("/status")
+    async def status() -> Response:
+        return Response(json.dumps(status_document(config, router)), content_type="application/json")
+
+    @app.route("/upstream/<model>/<path:rest>", methods=["GET", "POST"])
+    async def upstream(model: str, rest: str) -> Response:
+        target = resolve_name(config, model)
+        if target is None or target not in config.models:
+            known = ", ".join(sorted(config.models))
+            return error_response(
+                404, "model_not_found", f"model '{model}' is not served here; known: {known}"
+            )
+        segments = rest.split("/")
+        if any(s in ("", ".", "..") or not _SAFE_SEGMENT.match(s) for s in segments):
+            return error_response(400, "invalid_path", f"'{rest}' is not a plain path below the model")
+        raw = await request.get_data(cache=False)
+        ticket = router.admit(
+            target, asked=model, endpoint="/upstream", client=request.remote_addr or "", tokens=None
+        )
+        return await proxy.respond(
+            ticket,
+            method=request.method,
+            path=rest,
+            query=request.query_string,
+            body=raw,
+            headers=request.headers,
+            stream=False,
+        )
+
+    @app.route("/unload", methods=["POST"])
+    async def unload() -> Response:
+        raw = await request.get_data(cache=False)
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            return error_response(400, "invalid_json", f"the request body is not valid JSON: {exc}")
+        if not isinstance(body, dict):
+            return error_response(400, "invalid_json", "the request body must be a JSON object")
+        name = body.get("model")
+        force = body.get("force") is True
+        model = None
+        if name is not None:
+            model = resolve_name(config, str(name))
+            if model is None or model not in config.models:
+                known = ", ".join(sorted(config.models))
+                return error_response(
+                    404, "model_not_found", f"model '{name}' is not served here; known: {known}"
+                )
+        router.unload(model, force)
+        await router.wait_until(
+            lambda s: not any(r.model == model or model is None for r in s.replicas if r.phase != "stopping")
+        )
+        doc = {"unloaded": model or "all", "forced": force}
+        return Response(json.dumps(doc), content_type="application/json")
+
+    return app

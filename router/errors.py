@@ -1,0 +1,39 @@
+"""Errors in the OpenAI shape: ``{"error": {"message", "type", "code"}}``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+from quart import Response
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    502: "server_error",
+    503: "server_error",
+    504: "server_error",
+}
+
+
+def error_body(status: int, code: str, message: str) -> dict[str, dict[str, str]]:
+    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "code": code}}
+
+
+def error_response(
+    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+) -> Response:
+    body = json.dumps(error_body(status, code, message))
+    response = Response(body, status=status, content_type="application/json")
+    for key, value in (headers or {}).items():
+        response.headers[key] = value
+    return response
+
+
+def sse_error(status: int, code: str, message: str) -> bytes:
+    """An error as one server-sent event, for streams that have already begun."""
+    return b"data: " + json.dumps(error_body(status, code, message)).encode() + b"\n\n"

@@ -1,0 +1,128 @@
+"""From configuration (and the placement plan) to what the scheduler and the supervisor need.
+
+``ModelLaunch`` holds how one model's replicas are started (binary, context, GPU layers, flags);
+``scheduler_settings`` turns the configuration into the scheduler's static ``Settings``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from statemachine import DeviceSpec, ModelSpec, Policy, PoolSpec, Settings
+
+from .config import Config, resolve_gpus
+from .config_values import ModelConfig
+from .llama_args import llama_server_argv
+
+DEFAULT_CTX = 4096
+ALL_LAYERS = 999
+
+
+@attrs.frozen
+class ModelLaunch:
+    """How replicas of one model start: every value already decided."""
+
+    model: ModelConfig
+    binary: str
+    defaults: Mapping[str, object]
+    gpus: tuple[int, ...]
+    ctx: int
+    gpu_layers: int
+
+    @property
+    def ctx_per_slot(self) -> int:
+        return self.ctx // max(1, self.model.parallel)
+
+    def argv(self, port: int) -> tuple[str, ...]:
+        return tuple(
+            llama_server_argv(
+                self.binary, self.model, self.defaults, port=port, ctx=self.ctx, gpu_layers=self.gpu_layers
+            )
+        )
+
+
+@attrs.frozen
+class ModelDecision:
+    """What placement decided for a model (context, layers, bytes per GPU, refusal)."""
+
+    ctx: int
+    gpu_layers: int
+    need: Mapping[int, int] = attrs.field(factory=dict)
+    refusal: str | None = None
+
+
+def gpu_ids(config: Config, detected: int) -> tuple[int, ...]:
+    """The GPU ids the router schedules over: num_gpus, else detection, else what the config names."""
+    if config.router.num_gpus is not None:
+        return tuple(range(config.router.num_gpus))
+    if detected:
+        return tuple(range(detected))
+    named = set(config.devices)
+    for model in config.models.values():
+        if isinstance(model.gpus, tuple):
+            named.update(model.gpus)
+    return tuple(range(max(named) + 1)) if named else (0,)
+
+
+def default_decision(model: ModelConfig) -> ModelDecision:
+    return ModelDecision(
+        ctx=model.ctx or DEFAULT_CTX, gpu_layers=ALL_LAYERS if model.gpu_layers is None else model.gpu_layers
+    )
+
+
+def launches(
+    config: Config, binary: str, ids: Sequence[int], decisions: Mapping[str, ModelDecision]
+) -> dict[str, ModelLaunch]:
+    out = {}
+    for name, model in config.models.items():
+        decision = decisions.get(name) or default_decision(model)
+        out[name] = ModelLaunch(
+            model=model,
+            binary=binary,
+            defaults=config.defaults,
+            gpus=resolve_gpus(model, ids),
+            ctx=decision.ctx,
+            gpu_layers=decision.gpu_layers,
+        )
+    return out
+
+
+def scheduler_settings(
+    config: Config,
+    ids: Sequence[int],
+    decisions: Mapping[str, ModelDecision],
+    budgets: Mapping[int, int | None],
+) -> Settings:
+    fallback_members = {m for p in config.pools.values() if p.fallback for m in p.members}
+    models = []
+    for name, model in config.models.items():
+        decision = decisions.get(name) or default_decision(model)
+        pooled = name in fallback_members
+        models.append(
+            ModelSpec(
+                name=name,
+                gpus=resolve_gpus(model, ids),
+                replicas=model.num_instance,
+                slots=model.parallel,
+                ctx_per_slot=decision.ctx // max(1, model.parallel),
+                need=dict(decision.need),
+                pinned=model.pinned or pooled,
+                ttl=model.ttl,
+                load_on_startup=model.load_on_startup or pooled,
+                refusal=decision.refusal,
+            )
+        )
+    pools = [PoolSpec(p.name, tuple(p.members), p.fallback) for p in config.pools.values()]
+    devices = [DeviceSpec(g, budgets.get(g)) for g in ids]
+    r = config.router
+    policy = Policy(
+        max_models_per_gpu=r.max_models_per_gpu,
+        eviction=r.eviction,
+        queue_head_grace=r.queue_head_grace,
+        queue_force_load_timeout=r.queue_force_load_timeout,
+        queue_limit=r.queue_limit,
+        routing_queue_limit=r.routing_queue_limit,
+    )
+    return Settings(models=models, pools=pools, devices=devices, policy=policy)

@@ -1,0 +1,168 @@
+"""Forward one admitted request to its replica and relay the answer without buffering.
+
+The request waits for the scheduler's decision (Dispatch or Reject). A streaming request that waits longer
+than a moment gets its response started with SSE comments that keep the connection alive; if it is then
+rejected, the stream ends with an error event. Bodies pass byte for byte; the upstream's status and content
+type are kept. When the client disconnects, the upstream exchange is closed at once (llama-server stops
+generating) and the scheduler is told, which frees the slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+
+import httpx
+import trio
+from quart import Response
+
+from .errors import error_response, sse_error
+from .runtime import Router, Ticket
+
+KEEPALIVE_AFTER = 1.0
+KEEPALIVE_EVERY = 2.0
+
+_DROP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "authorization",
+    "x-api-key",
+    "accept-encoding",
+}
+
+
+def upstream_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in _DROP}
+
+
+def reply_headers(headers: httpx.Headers, model: str | None) -> dict[str, str]:
+    out = {k: v for k, v in headers.items() if k.lower() not in _DROP and k.lower() != "content-encoding"}
+    if model is not None:
+        out["x-router-model"] = model
+    return out
+
+
+def _reject_response(ticket: Ticket) -> Response:
+    assert ticket.reject is not None
+    headers = {"Retry-After": "5"} if ticket.reject.code in ("queue_full", "shutting_down") else None
+    return error_response(ticket.reject.status, ticket.reject.code, ticket.reject.message, headers)
+
+
+class Proxy:
+    def __init__(self, router: Router, client: httpx.AsyncClient) -> None:
+        self.router = router
+        self.client = client
+
+    async def respond(
+        self,
+        ticket: Ticket,
+        *,
+        method: str,
+        path: str,
+        query: bytes,
+        body: bytes,
+        headers: Mapping[str, str],
+        stream: bool,
+    ) -> Response:
+        try:
+            with trio.move_on_after(KEEPALIVE_AFTER if stream else float("inf")):
+                await ticket.decided.wait()
+            if not ticket.decided.is_set():
+                gen = self._wait_then_relay(ticket, method, path, query, body, headers)
+                return Response(gen, status=200, content_type="text/event-stream")
+            if ticket.reject is not None:
+                self.router.finish(ticket, completed=False)
+                return _reject_response(ticket)
+            upstream = await self._open(ticket, method, path, query, body, headers)
+        except BaseException:
+            self.router.finish(ticket, completed=False)
+            raise
+        if isinstance(upstream, Response):
+            return upstream
+        return Response(
+            self._relay(ticket, upstream),
+            status=upstream.status_code,
+            headers=reply_headers(upstream.headers, ticket.model),
+        )
+
+    async def _open(
+        self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Mapping[str, str]
+    ) -> httpx.Response | Response:
+        url = f"http://127.0.0.1:{ticket.port}/{path.lstrip('/')}"
+        if query:
+            url += "?" + query.decode("latin-1")
+        request = self.client.build_request(method, url, content=body, headers=upstream_headers(headers))
+        try:
+            return await self.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            self.router.finish(ticket, completed=True)
+            message = f"the replica of '{ticket.model}' did not answer: {exc!r}"
+            return error_response(502, "upstream_unreachable", message)
+
+    async def _relay(self, ticket: Ticket, upstream: httpx.Response) -> AsyncIterator[bytes]:
+        # No cancel scope spans a yield here: the exchange ends by itself when the replica goes away.
+        completed = False
+        sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
+        try:
+            try:
+                async for chunk in upstream.aiter_raw():
+                    yield chunk
+                completed = True
+            except httpx.HTTPError as exc:
+                completed = True
+                if sse:
+                    yield sse_error(502, "replica_failed", self._failure_text(ticket, exc))
+        finally:
+            with trio.CancelScope(shield=True):
+                await upstream.aclose()
+            self.router.finish(ticket, completed=completed)
+
+    def _failure_text(self, ticket: Ticket, exc: BaseException) -> str:
+        if ticket.failure is not None:
+            return ticket.failure.message
+        return f"the replica of '{ticket.model}' broke off the reply: {exc!r}"
+
+    async def _wait_then_relay(
+        self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Mapping[str, str]
+    ) -> AsyncIterator[bytes]:
+        try:
+            while not ticket.decided.is_set():
+                yield self._keepalive(ticket)
+                with trio.move_on_after(KEEPALIVE_EVERY):
+                    await ticket.decided.wait()
+            if ticket.reject is not None:
+                self.router.finish(ticket, completed=False)
+                yield sse_error(ticket.reject.status, ticket.reject.code, ticket.reject.message)
+                return
+            upstream = await self._open(ticket, method, path, query, body, headers)
+        except BaseException:
+            self.router.finish(ticket, completed=False)
+            raise
+        if isinstance(upstream, Response):
+            yield sse_error(502, "upstream_unreachable", f"the replica of '{ticket.model}' did not answer")
+            return
+        if upstream.status_code >= 400:
+            detail = (await upstream.aread()).decode("utf-8", "replace")
+            await upstream.aclose()
+            self.router.finish(ticket, completed=True)
+            yield sse_error(upstream.status_code, "upstream_error", detail)
+            return
+        async for chunk in self._relay(ticket, upstream):
+            yield chunk
+
+    def _keepalive(self, ticket: Ticket) -> bytes:
+        position, loading = self.router.queue_position(ticket.rid)
+        text = f": waiting for '{ticket.target}'"
+        if position is not None:
+            text += f", queue position {position}"
+        if loading:
+            text += f", loading {loading}"
+        return text.encode() + b"\n\n"

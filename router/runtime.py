@@ -1,0 +1,325 @@
+"""The owner task: the only place where the scheduler's state lives and changes.
+
+Everything that happens (a request arrives, a client leaves, a replica becomes ready or exits, a deadline
+falls due) becomes an event on one memory channel. The owner task feeds each event to ``step()`` and carries
+out the commands it returns: it starts and stops processes through the Supervisor, and it wakes the HTTP
+handlers that wait for a decision about their request.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from statemachine import (
+    CancelUpstream,
+    ClientGone,
+    Command,
+    Dispatch,
+    Event,
+    IllegalEvent,
+    Kill,
+    LoadFailed,
+    Reject,
+    ReplicaExited,
+    ReplicaReady,
+    RequestArrived,
+    RequestFinished,
+    Settings,
+    ShutdownRequested,
+    Spawn,
+    Startup,
+    State,
+    Stopped,
+    Tick,
+    UnloadRequested,
+    WakeAt,
+    initial_state,
+    step,
+)
+
+from .launch import ModelLaunch
+from .llama_args import gpu_env
+from .ports import free_port
+from .supervisor import (
+    LaunchSpec,
+    ProcessExited,
+    ProcessLoadFailed,
+    ProcessReady,
+    Supervisor,
+    SupervisorEvent,
+)
+
+log = logging.getLogger("router")
+
+
+@attrs.define(eq=False)
+class Ticket:
+    """The shell's side of one request: what the HTTP handler waits on."""
+
+    rid: int
+    target: str
+    asked: str | None
+    endpoint: str
+    client: str
+    started: float
+    decided: trio.Event = attrs.field(factory=trio.Event)
+    dispatch: Dispatch | None = None
+    port: int | None = None
+    reject: Reject | None = None
+    failure: Reject | None = None
+    closed: bool = False  # the scheduler no longer owns the request (rejected, finished or forgotten)
+    handler_gone: bool = False
+    queued_at: float = attrs.field(factory=time.monotonic)
+    dispatched_at: float | None = None
+
+    @property
+    def model(self) -> str | None:
+        return None if self.dispatch is None else self.dispatch.model
+
+
+@attrs.frozen
+class Happening:
+    """A load, eviction or failure, kept for /status and the dashboard."""
+
+    at: float
+    kind: str
+    model: str
+    replica: int
+    reason: str
+
+
+Listener = Callable[[str, dict[str, Any]], None]
+
+
+class Router:
+    def __init__(
+        self,
+        settings: Settings,
+        launches: Mapping[str, ModelLaunch],
+        *,
+        load_timeout: float,
+        stop_timeout: float,
+        log_lines: int = 400,
+    ) -> None:
+        self.state: State = initial_state(settings, trio.current_time())
+        self.launches = dict(launches)
+        self.load_timeout = load_timeout
+        self.stop_timeout = stop_timeout
+        self.supervisor = Supervisor(self._from_supervisor, log_lines=log_lines)
+        self.tickets: dict[int, Ticket] = {}
+        self.ports: dict[int, int] = {}
+        self.ready_at: dict[int, float] = {}
+        self.happenings: collections.deque[Happening] = collections.deque(maxlen=200)
+        self.listeners: list[Listener] = []
+        self.stopped = trio.Event()
+        self._changed = trio.Event()
+        self._send, self._recv = trio.open_memory_channel[Event](math.inf)
+        self._next_rid = 1
+        self._timer_scope: trio.CancelScope | None = None
+        self._wake_at = math.inf
+
+    # ------------------------------------------------------------------------------- lifecycle
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.supervisor.run)
+            nursery.start_soon(self._owner)
+            nursery.start_soon(self._timer)
+            self.submit(Startup())
+            task_status.started()
+            await self.stopped.wait()
+            nursery.cancel_scope.cancel()
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop admitting, let in-flight work finish for up to ``grace`` seconds, then stop every replica."""
+        self.submit(ShutdownRequested(trio.current_time() + grace))
+        await self.stopped.wait()
+
+    # ---------------------------------------------------------------------------- handler side
+    def admit(
+        self, target: str, *, asked: str | None, endpoint: str, client: str, tokens: int | None
+    ) -> Ticket:
+        rid = self._next_rid
+        self._next_rid += 1
+        ticket = Ticket(rid, target, asked, endpoint, client, time.time())
+        self.tickets[rid] = ticket
+        self.submit(RequestArrived(rid, target, tokens))
+        return ticket
+
+    def finish(self, ticket: Ticket, *, completed: bool) -> None:
+        """The handler is done with ``ticket``: tell the scheduler what it needs to know, exactly once."""
+        if ticket.handler_gone:
+            return
+        ticket.handler_gone = True
+        if ticket.closed:
+            self.tickets.pop(ticket.rid, None)
+            return
+        if ticket.dispatch is not None and completed:
+            self.submit(RequestFinished(ticket.rid))
+        else:
+            self.submit(ClientGone(ticket.rid))
+
+    def submit_shutdown_now(self) -> None:
+        self.submit(ShutdownRequested(trio.current_time()))
+
+    def submit(self, event: Event) -> None:
+        self._send.send_nowait(event)
+
+    async def wait_until(self, predicate: Callable[[State], bool]) -> None:
+        while not predicate(self.state):
+            await self._changed.wait()
+
+    # ------------------------------------------------------------------------------ owner task
+    async def _owner(self) -> None:
+        async for event in self._recv:
+            self.feed(event)
+
+    def feed(self, event: Event) -> None:
+        now = trio.current_time()
+        if now > self.state.now:
+            self._step(Tick(now))
+        self._step(event)
+        if isinstance(event, ClientGone | RequestFinished) and event.rid not in self.state.requests:
+            self.tickets.pop(event.rid, None)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _step(self, event: Event) -> None:
+        try:
+            self.state, commands = step(self.state, event)
+        except IllegalEvent as exc:
+            log.error("scheduler refused an event: %s", exc)
+            return
+        for command in commands:
+            self._carry_out(command)
+
+    def _carry_out(self, command: Command) -> None:
+        match command:
+            case Dispatch(rid=rid, replica=replica):
+                ticket = self.tickets[rid]
+                ticket.dispatch = command
+                ticket.port = self.ports.get(replica)
+                ticket.dispatched_at = time.monotonic()
+                ticket.decided.set()
+            case Reject(rid=rid):
+                ticket = self.tickets.get(rid)
+                if ticket is None:
+                    return
+                ticket.closed = True
+                if ticket.dispatch is None:
+                    ticket.reject = command
+                    ticket.decided.set()
+                else:
+                    ticket.failure = command
+                if ticket.handler_gone:
+                    self.tickets.pop(rid, None)
+            case CancelUpstream(rid=rid):
+                ticket = self.tickets[rid]
+                ticket.closed = True
+                self.tickets.pop(rid, None)
+                self.submit(RequestFinished(rid))
+            case Spawn():
+                self._spawn(command)
+            case Kill(replica=replica, model=model, reason=reason):
+                self._note("stop", model, replica, reason)
+                self.supervisor.kill(replica, reason)
+            case WakeAt(at=at):
+                self._wake_at = at
+                if self._timer_scope is not None:
+                    self._timer_scope.deadline = at
+            case Stopped():
+                self.stopped.set()
+
+    def _spawn(self, command: Spawn) -> None:
+        launch = self.launches[command.model]
+        port = free_port()
+        self.ports[command.replica] = port
+        spec = LaunchSpec(
+            replica_id=command.replica,
+            model=command.model,
+            argv=launch.argv(port),
+            env=gpu_env(command.gpus),
+            port=port,
+            load_timeout=self.load_timeout,
+            stop_timeout=self.stop_timeout,
+        )
+        self._note("load", command.model, command.replica, command.reason)
+        self.supervisor.spawn(spec)
+
+    def _from_supervisor(self, report: SupervisorEvent) -> None:
+        match report:
+            case ProcessReady(replica_id=replica):
+                self.ready_at[replica] = time.time()
+                self._note("ready", self._model_of(replica), replica, "answered /health")
+                self.submit(ReplicaReady(replica))
+            case ProcessLoadFailed(replica_id=replica, reason=reason):
+                self._note("load_failed", self._model_of(replica), replica, reason)
+                self.submit(LoadFailed(replica, reason))
+            case ProcessExited(replica_id=replica, reason=reason, during_load=during_load):
+                kind = "load_failed" if during_load and "stopped:" not in reason else "exited"
+                self._note(kind, self._model_of(replica), replica, reason)
+                self.ports.pop(replica, None)
+                self.ready_at.pop(replica, None)
+                self.submit(ReplicaExited(replica, reason))
+
+    def _model_of(self, replica: int) -> str:
+        found = self.state.replica(replica)
+        if found is not None:
+            return found.model
+        info = self.supervisor.info(replica)
+        return info.model if info is not None else "?"
+
+    def _note(self, kind: str, model: str, replica: int, reason: str) -> None:
+        happening = Happening(time.time(), kind, model, replica, reason)
+        self.happenings.append(happening)
+        level = logging.WARNING if kind in ("load_failed",) else logging.INFO
+        log.log(level, "%s %s (replica %d): %s", kind, model, replica, reason)
+        for listener in self.listeners:
+            listener(kind, attrs.asdict(happening))
+
+    async def _timer(self) -> None:
+        while True:
+            with trio.CancelScope(deadline=self._wake_at) as scope:
+                self._timer_scope = scope
+                await trio.sleep_forever()
+            self._timer_scope = None
+            self._wake_at = math.inf
+            self.submit(Tick(trio.current_time()))
+
+    # --------------------------------------------------------------------------------- reading
+    def unload(self, model: str | None, force: bool) -> None:
+        self.submit(UnloadRequested(model, force))
+
+    def queue_position(self, rid: int) -> tuple[int | None, str | None]:
+        """1-based position among waiting requests, and the model being loaded for it (if any)."""
+        request = self.state.requests.get(rid)
+        if request is None or request.phase != "queued":
+            return None, None
+        position = 1 + sum(
+            1 for r in self.state.requests.values() if r.phase == "queued" and r.seq < request.seq
+        )
+        loading = [r for r in self.state.replicas if r.phase == "loading"]
+        names = {r.model for r in loading}
+        target_models = (
+            set(self.state.settings.pools[request.target].members)
+            if (request.target in self.state.settings.pools)
+            else {request.target}
+        )
+        mine = sorted(names & target_models)
+        if not mine:
+            return position, None
+        started = min(self.supervisor_started(r.id) for r in loading if r.model in mine)
+        return position, f"{mine[0]} ({started:.0f} s so far)"
+
+    def supervisor_started(self, replica: int) -> float:
+        info = self.supervisor.info(replica)
+        if info is None or info.started_at is None:
+            return 0.0
+        return max(0.0, time.time() - info.started_at)

@@ -1,0 +1,100 @@
+"""Start the whole router: config → placement → scheduler + supervisor → HTTP server; drain on SIGTERM."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Callable
+
+import httpx
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve
+
+from .app import create_app
+from .config import Config
+from .launch import gpu_ids, launches, scheduler_settings
+from .locate import find_llama_server
+from .placement_bridge import decide
+from .runtime import Router
+
+log = logging.getLogger("router")
+
+
+def hypercorn_config(config: Config) -> HypercornConfig:
+    hc = HypercornConfig()
+    hc.bind = [f"{config.router.host}:{config.router.port}"]
+    hc.accesslog = None
+    hc.keep_alive_timeout = 75
+    hc.graceful_timeout = 5
+    hc.h11_max_incomplete_size = 64 * 1024
+    hc.read_timeout = 300
+    return hc
+
+
+def build_router(config: Config) -> Router:
+    binary = str(find_llama_server(config.router.llama_server))
+    detected, budgets, decisions = decide(config)
+    ids = gpu_ids(config, detected)
+    settings = scheduler_settings(config, ids, decisions, budgets)
+    for name, decision in decisions.items():
+        if decision.refusal:
+            log.error("model %s cannot be served: %s", name, decision.refusal)
+    return Router(
+        settings,
+        launches(config, binary, ids, decisions),
+        load_timeout=config.router.load_timeout,
+        stop_timeout=config.router.stop_timeout,
+        log_lines=config.router.log_lines,
+    )
+
+
+async def run_server(
+    config: Config, *, on_ready: Callable[[str], None] | None = None, router: Router | None = None
+) -> None:
+    router = router or build_router(config)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client, trio.open_nursery() as nursery:
+        await nursery.start(router.run)
+        app = create_app(config, router, client)
+        http_done = trio.Event()
+
+        async def watch_signals() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for sig in signals:
+                    name = signal.Signals(sig).name
+                    log.info("%s: draining (up to %.0f s), then stopping", name, config.router.shutdown_grace)
+                    nursery.start_soon(stop)
+                    break
+                first = trio.current_time()
+                async for _ in signals:
+                    if trio.current_time() - first > 1.0:  # a repeat within a second is the same request
+                        log.warning("second signal: stopping now")
+                        router.submit_shutdown_now()
+
+        async def stop() -> None:
+            await router.shutdown(config.router.shutdown_grace)
+            http_done.set()
+
+        nursery.start_soon(watch_signals)
+        url = f"http://{config.router.host}:{config.router.port}"
+        log.info("llama-router listening on %s", url)
+        if on_ready is not None:
+            on_ready(url)
+        await serve(app, hypercorn_config(config), shutdown_trigger=http_done.wait)
+        nursery.cancel_scope.cancel()
+
+
+def main_run(config: Config) -> int:
+    try:
+        trio.run(run_server, config)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def fail(message: str) -> int:
+    print(message, file=sys.stderr)
+    return 2

@@ -1,0 +1,132 @@
+"""The JSON documents of /v1/models and /status, built from the router's state."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import attrs
+
+from statemachine import State
+
+from .config import Config
+from .runtime import Router
+
+
+def model_state(state: State, model: str) -> str:
+    phases = {r.phase for r in state.replicas if r.model == model}
+    if "ready" in phases:
+        return "ready"
+    if "loading" in phases:
+        return "loading"
+    if "stopping" in phases:
+        return "stopping"
+    return "unloaded"
+
+
+def models_document(config: Config, router: Router) -> dict[str, Any]:
+    state = router.state
+    created = int(time.time())
+    data: list[dict[str, Any]] = []
+    for name, model in config.models.items():
+        entry: dict[str, Any] = {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "llama-router",
+            "state": model_state(state, name),
+            "gpus": list(state.settings.models[name].gpus),
+            "aliases": list(model.aliases),
+            "parallel": model.parallel,
+            "ctx": router.launches[name].ctx,
+        }
+        if model.pricing is not None:
+            entry["pricing"] = {k: v for k, v in attrs.asdict(model.pricing).items() if v is not None}
+        if model.reasoning_effort is not None:
+            entry["reasoning_effort"] = attrs.asdict(model.reasoning_effort)
+        data.append(entry)
+    for name, pool in config.pools.items():
+        data.append(
+            {
+                "id": name,
+                "object": "model",
+                "created": created,
+                "owned_by": "llama-router",
+                "pool": list(pool.members),
+                "fallback": pool.fallback,
+                "aliases": list(pool.aliases),
+                "state": "ready"
+                if any(model_state(state, m) == "ready" for m in pool.members)
+                else "unloaded",
+            }
+        )
+    return {"object": "list", "data": data}
+
+
+def status_document(config: Config, router: Router) -> dict[str, Any]:
+    state = router.state
+    now = state.now
+    queued = state.queued()
+    replicas = []
+    for r in state.replicas:
+        info = router.supervisor.info(r.id)
+        replicas.append(
+            {
+                "id": r.id,
+                "model": r.model,
+                "gpus": list(r.gpus),
+                "state": "draining" if r.draining and r.phase == "ready" else r.phase,
+                "in_flight": len(r.inflight),
+                "slots": state.settings.models[r.model].slots,
+                "port": router.ports.get(r.id) or (info.port if info else None),
+                "pid": info.pid if info else None,
+                "started_at": info.started_at if info else None,
+            }
+        )
+    gpus = []
+    for device in sorted(state.settings.devices.values(), key=lambda d: d.id):
+        gpus.append(
+            {
+                "id": device.id,
+                "budget_bytes": device.budget,
+                "used_bytes": state.used(device.id),
+                "residents": sorted(state.residents(device.id)),
+                "max_models": state.settings.policy.max_models_per_gpu,
+            }
+        )
+    pools = []
+    for name, pool in config.pools.items():
+        members = []
+        for member in pool.members:
+            spec = state.settings.models[member]
+            reps = [r for r in state.replicas if r.model == member]
+            members.append(
+                {
+                    "model": member,
+                    "gpus": list(spec.gpus),
+                    "slots": spec.slots * spec.replicas,
+                    "ctx_per_slot": spec.ctx_per_slot,
+                    "in_flight": sum(len(r.inflight) for r in reps),
+                    "state": model_state(state, member),
+                }
+            )
+        fifo = state.queues.get(name)
+        pools.append(
+            {
+                "name": name,
+                "fallback": pool.fallback,
+                "members": members,
+                "waiting": fifo.count if fifo else 0,
+            }
+        )
+    return {
+        "queue": [
+            {"id": q.rid, "target": q.target, "age_s": round(now - q.arrived, 3), "tokens": q.tokens}
+            for q in queued
+        ],
+        "gpus": gpus,
+        "replicas": replicas,
+        "pools": pools,
+        "recent": [attrs.asdict(h) for h in reversed(router.happenings)],
+        "shutting_down": state.shutting_down,
+    }
