@@ -12,7 +12,8 @@ from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from .config import Config, resolve_name
+from .access import OPEN_PATHS, key_accepted, presented_key
+from .config import Config, read_api_keys, resolve_name
 from .errors import error_response
 from .proxy import Proxy
 from .runtime import Router
@@ -67,6 +68,16 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 120
     proxy = Proxy(router, client)
+    keys = [k.encode() for k in read_api_keys(config)]
+
+    @app.before_request
+    async def check_key() -> Response | None:
+        if not keys or request.path in OPEN_PATHS:
+            return None
+        if key_accepted(keys, presented_key(request.headers)):
+            return None
+        message = "a valid API key is required: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
+        return error_response(401, "invalid_api_key", message, {"WWW-Authenticate": "Bearer"})
 
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
