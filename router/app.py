@@ -18,6 +18,7 @@ from .errors import error_response
 from .proxy import Proxy
 from .runtime import Router
 from .status import models_document, status_document
+from .tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
 
 FORWARDED = (
     "/v1/chat/completions",
@@ -49,17 +50,7 @@ TOKEN_COUNTING = (
     "/v1/chat/completions/input_tokens",
 )
 
-_OUTPUT_KEYS = ("max_tokens", "max_completion_tokens", "n_predict", "max_output_tokens")
 _SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9._~:@!$&'()*+,;=-]+$")
-
-
-def requested_output(body: dict[str, Any]) -> int | None:
-    """Output tokens the request asks for, when it says (a lower bound of what its slot must hold)."""
-    for key in _OUTPUT_KEYS:
-        value = body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
 
 
 def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> QuartTrio:
@@ -108,6 +99,19 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
             404, "model_not_found", f"model '{name}' is not served here; known: {known}"
         )
 
+    async def needed_tokens(target: str, body: dict[str, Any]) -> int | None:
+        output = requested_output(body)
+        pool = config.pools.get(target)
+        if pool is None:
+            return output or None
+        upper = prompt_upper_bound(body) + output
+        members = pool.members if pool.fallback else pool.members[:1]
+        if upper <= min(router.launches[m].ctx_per_slot for m in members):
+            return upper
+        port = router.ready_port(members)
+        exact = None if port is None else await exact_prompt_tokens(client, port, body)
+        return upper if exact is None else exact + output
+
     async def forward(path: str) -> Response:
         raw = await request.get_data(cache=False)
         try:
@@ -125,7 +129,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
             asked=body.get("model") if isinstance(body.get("model"), str) else None,
             endpoint=path,
             client=request.remote_addr or "",
-            tokens=requested_output(body),
+            tokens=await needed_tokens(target, body),
         )
         return await proxy.respond(
             ticket,

@@ -9,6 +9,7 @@ generating) and the scheduler is told, which frees the slot.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping
 
 import httpx
@@ -56,10 +57,23 @@ def _reject_response(ticket: Ticket) -> Response:
     return error_response(ticket.reject.status, ticket.reject.code, ticket.reject.message, headers)
 
 
+def name_member(body: bytes, model: str) -> bytes:
+    """A pooled request's body with ``model`` set to the member that serves it, so the reply names it."""
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return body
+    if not isinstance(doc, dict):
+        return body
+    doc["model"] = model
+    return json.dumps(doc).encode()
+
+
 class Proxy:
     def __init__(self, router: Router, client: httpx.AsyncClient) -> None:
         self.router = router
         self.client = client
+        self.pools = set(router.state.settings.pools.keys())
 
     async def respond(
         self,
@@ -96,6 +110,8 @@ class Proxy:
     async def _open(
         self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Mapping[str, str]
     ) -> httpx.Response | Response:
+        if ticket.model is not None and ticket.model != ticket.target and ticket.target in self.pools:
+            body = name_member(body, ticket.model)
         url = f"http://127.0.0.1:{ticket.port}/{path.lstrip('/')}"
         if query:
             url += "?" + query.decode("latin-1")

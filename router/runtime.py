@@ -166,6 +166,14 @@ class Router:
         else:
             self.submit(ClientGone(ticket.rid))
 
+    def ready_port(self, models: tuple[str, ...] | list[str]) -> int | None:
+        """The port of a ready replica of the first of ``models`` that has one."""
+        for model in models:
+            for replica in self.state.replicas:
+                if replica.model == model and replica.phase == "ready" and replica.id in self.ports:
+                    return self.ports[replica.id]
+        return None
+
     def submit_shutdown_now(self) -> None:
         self.submit(ShutdownRequested(trio.current_time()))
 
