@@ -201,8 +201,8 @@ ROUTER_KEYS: tuple[KeySpec, ...] = (
         "queue_force_load_timeout",
         NUMBER,
         300.0,
-        "Last resort against starvation: seconds after which a queued request's model is loaded even if "
-        "residents still have queued work.",
+        "Last resort against starvation: a queued request that has waited this long holds its GPUs and "
+        "gets its swap, whatever `queue_head_grace` says (the grace is capped by this timeout).",
         0,
         exclusive_minimum=True,
     ),
