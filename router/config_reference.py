@@ -76,3 +76,22 @@ def reference_markdown() -> str:
         "",
     ]
     return "\n".join(parts)
+
+
+START = "<!-- config-reference:start -->"
+END = "<!-- config-reference:end -->"
+
+
+def embed_in(text: str) -> str:
+    """``text`` (a README) with the configuration reference placed between the two markers."""
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{reference_markdown()}\n{END}{tail}"
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    readme = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    readme.write_text(embed_in(readme.read_text(encoding="utf-8")), encoding="utf-8")
