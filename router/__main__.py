@@ -41,12 +41,13 @@ def main(argv: list[str] | None = None) -> int:
         from .tinymodel import main as make_model
 
         return make_model(argv[1:])
-    parser = argparse.ArgumentParser(prog="python -m router", description="llama-router")
-    parser.add_argument("--config", help="TOML or JSON config (default: $ROUTER_CONFIG_PATH)")
-    parser.add_argument("--log-level", default=os.environ.get("ROUTER_LOG_LEVEL", "INFO"))
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="TOML or JSON config (default: $ROUTER_CONFIG_PATH)")
+    common.add_argument("--log-level", default=os.environ.get("ROUTER_LOG_LEVEL", "INFO"))
+    parser = argparse.ArgumentParser(prog="python -m router", description="llama-router", parents=[common])
     sub = parser.add_subparsers(dest="command")
-    sub.add_parser("run", help="run the router (the default)")
-    plan = sub.add_parser("plan", help="print the memory plan of every model and exit")
+    sub.add_parser("run", help="run the router (the default)", parents=[common])
+    plan = sub.add_parser("plan", help="print the memory plan of every model and exit", parents=[common])
     plan.add_argument("--json", action="store_true", help="print the versioned JSON document")
     sub.add_parser("make-model", help="write a tiny random-weight GGUF model (see make-model --help)")
     args = parser.parse_args(argv)

@@ -159,6 +159,10 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
     async def models() -> Response:
         return Response(json.dumps(models_document(config, router)), content_type="application/json")
 
+    @app.route("/plan")
+    async def plan() -> Response:
+        return Response(json.dumps(router.plan_document), content_type="application/json")
+
     @app.route("/status")
     async def status() -> Response:
         return Response(json.dumps(status_document(config, router)), content_type="application/json")

@@ -125,6 +125,7 @@ class Router:
         self._next_rid = 1
         self._timer_scope: trio.CancelScope | None = None
         self._wake_at = math.inf
+        self.plan_document: dict[str, Any] = {"version": 1, "devices": [], "models": []}
 
     # ------------------------------------------------------------------------------- lifecycle
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

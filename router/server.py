@@ -13,10 +13,10 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
 from .app import create_app
-from .config import Config
-from .launch import gpu_ids, launches, scheduler_settings
+from .config import Config, check_gpu_ids
+from .launch import launches, scheduler_settings
 from .locate import find_llama_server
-from .placement_bridge import decide
+from .placement_bridge import plan
 from .runtime import Router
 
 log = logging.getLogger("router")
@@ -35,19 +35,21 @@ def hypercorn_config(config: Config) -> HypercornConfig:
 
 def build_router(config: Config) -> Router:
     binary = str(find_llama_server(config.router.llama_server))
-    detected, budgets, decisions = decide(config)
-    ids = gpu_ids(config, detected)
+    ids, budgets, decisions, document = plan(config)
+    check_gpu_ids(config, ids)
     settings = scheduler_settings(config, ids, decisions, budgets)
     for name, decision in decisions.items():
         if decision.refusal:
             log.error("model %s cannot be served: %s", name, decision.refusal)
-    return Router(
+    router = Router(
         settings,
         launches(config, binary, ids, decisions),
         load_timeout=config.router.load_timeout,
         stop_timeout=config.router.stop_timeout,
         log_lines=config.router.log_lines,
     )
+    router.plan_document = document
+    return router
 
 
 async def run_server(
