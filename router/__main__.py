@@ -25,7 +25,7 @@ def _run(args: argparse.Namespace) -> int:
         return fail(f"cannot read config {path}: {exc.strerror or exc}")
     try:
         return main_run(config)
-    except LlamaServerNotFound as exc:
+    except (LlamaServerNotFound, ConfigError) as exc:
         return fail(str(exc))
 
 

@@ -12,7 +12,7 @@ import attrs
 
 from statemachine import DeviceSpec, ModelSpec, Policy, PoolSpec, Settings
 
-from .config import Config, resolve_gpus
+from .config import Config, ConfigError, resolve_gpus
 from .config_values import ModelConfig
 from .llama_args import llama_server_argv
 
@@ -126,3 +126,27 @@ def scheduler_settings(
         routing_queue_limit=r.routing_queue_limit,
     )
     return Settings(models=models, pools=pools, devices=devices, policy=policy)
+
+
+def check_pinned(config: Config, settings: Settings) -> None:
+    """Refuse a configuration whose pinned models (pinned, or members of fallback pools) cannot all stay
+    resident: more on one GPU than ``max_models_per_gpu``, or more predicted bytes than its budget."""
+    cap = settings.policy.max_models_per_gpu
+    for device in sorted(settings.devices.values(), key=lambda d: d.id):
+        pinned = [m for m in settings.models.values() if m.pinned and device.id in m.gpus]
+        names = ", ".join(m.name for m in pinned)
+        if len(pinned) > cap:
+            raise ConfigError(
+                config.path,
+                f"models pinned to GPU {device.id} ({names}; members of fallback pools count as pinned) "
+                f"exceed max_models_per_gpu = {cap}: raise the cap, unpin a model or move it to another GPU",
+                key="router.max_models_per_gpu",
+            )
+        need = sum(m.need_on(device.id) * m.replicas for m in pinned)
+        if device.budget is not None and need > device.budget:
+            raise ConfigError(
+                config.path,
+                f"models pinned to GPU {device.id} ({names}) need {need / 2**30:.2f} GiB together but the "
+                f"GPU has {device.budget / 2**30:.2f} GiB: unpin one or give it other GPUs",
+                key=f"devices.{device.id}",
+            )

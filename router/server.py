@@ -14,7 +14,7 @@ from hypercorn.trio import serve
 
 from .app import create_app
 from .config import Config, check_gpu_ids
-from .launch import launches, scheduler_settings
+from .launch import check_pinned, launches, scheduler_settings
 from .locate import find_llama_server
 from .placement_bridge import plan
 from .runtime import Router
@@ -38,6 +38,7 @@ def build_router(config: Config) -> Router:
     ids, budgets, decisions, document = plan(config)
     check_gpu_ids(config, ids)
     settings = scheduler_settings(config, ids, decisions, budgets)
+    check_pinned(config, settings)
     for name, decision in decisions.items():
         if decision.refusal:
             log.error("model %s cannot be served: %s", name, decision.refusal)
