@@ -1,0 +1,213 @@
+"""The placement plan document: every model's verdict and footprint, as JSON and as a table.
+
+``python -m router plan`` prints :func:`format_plan_table` of :func:`plan_document`; the same document is
+what an API or a dashboard would serve. It is built from the GGUF headers alone: nothing is loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from router.placement.budgets import DeviceBudget
+from router.placement.fit import Device, ModelPlan, PlacementInput, plan_model
+from router.placement.footprint import CPU, DEFAULT_RESERVE
+
+__all__ = ["PLAN_VERSION", "format_plan_table", "plan_document", "plan_models"]
+
+PLAN_VERSION = 1
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+def plan_models(
+    inputs: Iterable[PlacementInput],
+    devices: Mapping[Device, int | None] | Mapping[Device, DeviceBudget],
+    reserve: int = DEFAULT_RESERVE,
+) -> list[ModelPlan]:
+    """:func:`router.placement.fit.plan_model` for each input, against the same device budgets."""
+    budgets = _budget_bytes(devices)
+    return [plan_model(inp, budgets, reserve) for inp in inputs]
+
+
+def _budget_bytes(devices: Mapping[Device, Any]) -> dict[Device, int | None]:
+    return {d: (b.budget if isinstance(b, DeviceBudget) else b) for d, b in devices.items()}
+
+
+def _device_entry(device: Device, value: Any) -> dict[str, Any]:
+    if isinstance(value, DeviceBudget):
+        return {
+            "id": device,
+            "kind": "cpu" if device == CPU else "gpu",
+            "name": value.name,
+            "total_bytes": value.total,
+            "free_bytes": value.free,
+            "declared_bytes": value.declared,
+            "budget_bytes": value.budget,
+            "source": value.source,
+        }
+    return {
+        "id": device,
+        "kind": "cpu" if device == CPU else "gpu",
+        "name": "",
+        "total_bytes": None,
+        "free_bytes": None,
+        "declared_bytes": None,
+        "budget_bytes": value,
+        "source": "given" if value is not None else "unknown",
+    }
+
+
+def _model_entry(plan: ModelPlan) -> dict[str, Any]:
+    return {
+        "name": plan.name,
+        "path": plan.path,
+        "verdict": plan.verdict,
+        "message": plan.message,
+        "ctx": plan.ctx,
+        "ctx_per_slot": plan.ctx_per_slot,
+        "ctx_tried": plan.ctx_tried,
+        "trained_ctx": plan.trained_ctx,
+        "gpu_layers": plan.gpu_layers,
+        "parallel": plan.parallel,
+        "num_instance": plan.num_instance,
+        "cache_type_k": plan.cache_type_k,
+        "cache_type_v": plan.cache_type_v,
+        "need_by_gpu": {str(gpu): need for gpu, need in plan.need_by_gpu.items()},
+        "need_total_by_gpu": {str(gpu): need for gpu, need in plan.need_total_by_gpu.items()},
+        "host_bytes": plan.host_bytes,
+        "tensor_split": list(plan.tensor_split),
+        "devices": [
+            {
+                "device": row.device,
+                "layers": row.layers,
+                "weights_bytes": row.weights,
+                "kv_bytes_per_token": row.kv_per_token,
+                "kv_bytes": row.kv,
+                "recurrent_bytes": row.recurrent,
+                "compute_bytes": row.compute,
+                "reserve_bytes": row.reserve,
+                "total_bytes": row.total,
+                "budget_bytes": row.budget,
+            }
+            for row in plan.rows
+        ],
+    }
+
+
+def plan_document(plans: Sequence[ModelPlan], devices: Mapping[Device, Any]) -> dict[str, Any]:
+    """The versioned, JSON-able plan: ``{"version": 1, "devices": [...], "models": [...]}``.
+
+    ``devices`` (one entry per device, GPUs by id then ``"cpu"``):
+        ``id`` GPU id (int) or ``"cpu"``; ``kind`` ``"gpu"`` or ``"cpu"``; ``name`` as NVML reports it;
+        ``total_bytes`` / ``free_bytes`` memory reported by NVML or /proc/meminfo (null when not
+        queried); ``declared_bytes`` from ``[devices.N] memory_mib`` (null when not declared);
+        ``budget_bytes`` what placement plans against (declared, else free; null when unknown);
+        ``source`` where the budget came from: ``config``, ``nvml``, ``host``, ``given`` or ``unknown``.
+
+    ``models`` (one entry per model, in the order given):
+        ``name``, ``path``; ``verdict`` one of ``fits``, ``refused``, ``override``, ``unknown-budget``,
+        ``error``; ``message`` the human explanation (the arithmetic for refusals); ``ctx`` the ``-c``
+        value to run with (null for refusals and errors); ``ctx_per_slot`` tokens each slot holds;
+        ``ctx_tried`` the context the prediction below is for (the floor, for a refusal);
+        ``trained_ctx`` the model's training context (0: unknown); ``gpu_layers`` the ``-ngl`` value;
+        ``parallel`` slots (``-np``); ``num_instance`` replicas; ``cache_type_k``/``cache_type_v``;
+        ``need_by_gpu`` bytes ONE replica needs per GPU id (string keys, as JSON requires);
+        ``need_total_by_gpu`` the same for all replicas; ``host_bytes`` weights one replica keeps in
+        host memory; ``tensor_split`` the per-GPU weights (MiB) the layer split assumes, to pass as
+        ``--tensor-split`` (empty for single-device models); ``devices`` the per-device prediction
+        for one replica: ``device``, ``layers`` (repeating layers held), ``weights_bytes``,
+        ``kv_bytes_per_token`` (full-attention KV per context token), ``kv_bytes`` (all KV at
+        ``ctx_tried``, sliding-window layers included), ``recurrent_bytes`` (fixed SSM state),
+        ``compute_bytes``, ``reserve_bytes``, ``total_bytes``, ``budget_bytes``.
+    """
+    gpus = sorted(((d, v) for d, v in devices.items() if isinstance(d, int)), key=lambda kv: kv[0])
+    ordered = gpus + [(d, v) for d, v in devices.items() if not isinstance(d, int)]
+    return {
+        "version": PLAN_VERSION,
+        "devices": [_device_entry(d, v) for d, v in ordered],
+        "models": [_model_entry(p) for p in plans],
+    }
+
+
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / GiB:.2f}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+    widths = [
+        max(len(header[i]), *(len(r[i]) for r in rows)) if rows else len(header[i])
+        for i in range(len(header))
+    ]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
+
+
+def format_plan_table(doc: Mapping[str, Any]) -> str:
+    """A plain-text rendering of :func:`plan_document` for terminals (sizes in GiB)."""
+    out: list[str] = []
+    dev_rows = [
+        [
+            "CPU" if d["id"] == CPU else f"GPU {d['id']}",
+            d["name"] or "",
+            _gib(d["total_bytes"]),
+            _gib(d["free_bytes"]),
+            _gib(d["declared_bytes"]),
+            _gib(d["budget_bytes"]),
+            d["source"],
+        ]
+        for d in doc["devices"]
+    ]
+    out.append("Devices")
+    out += _table(["device", "name", "total", "free", "declared", "budget", "source"], dev_rows, {2, 3, 4, 5})
+    out.append("")
+    out.append("Models (GiB per replica)")
+    rows = []
+    for m in doc["models"]:
+        devs = m["devices"] or [None]
+        for i, d in enumerate(devs):
+            first = i == 0
+            rows.append(
+                [
+                    m["name"] if first else "",
+                    m["verdict"] if first else "",
+                    (str(m["ctx"]) if m["ctx"] is not None else "-") if first else "",
+                    (str(m["ctx_per_slot"]) if m["ctx_per_slot"] is not None else "-") if first else "",
+                    (str(m["gpu_layers"]) if m["gpu_layers"] is not None else "-") if first else "",
+                    "-" if d is None else ("CPU" if d["device"] == CPU else f"GPU {d['device']}"),
+                    "-" if d is None else _gib(d["weights_bytes"]),
+                    "-" if d is None else _gib(d["kv_bytes"] + d["recurrent_bytes"]),
+                    "-" if d is None else _gib(d["compute_bytes"]),
+                    "-" if d is None else _gib(d["reserve_bytes"]),
+                    "-" if d is None else _gib(d["total_bytes"]),
+                    "-" if d is None else _gib(d["budget_bytes"]),
+                    (f"x{m['num_instance']}" if m["num_instance"] > 1 else "") if first else "",
+                ]
+            )
+    header = [
+        "model",
+        "verdict",
+        "ctx",
+        "per slot",
+        "ngl",
+        "device",
+        "weights",
+        "kv+state",
+        "compute",
+        "reserve",
+        "total",
+        "budget",
+        "replicas",
+    ]
+    out += _table(header, rows, {2, 3, 4, 6, 7, 8, 9, 10, 11})
+    notes = [m["message"] for m in doc["models"] if m["message"]]
+    if notes:
+        out.append("")
+        out += notes
+    return "\n".join(out)
