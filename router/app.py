@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import httpx
-from quart import Response, request
+from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -76,7 +76,8 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
         if status == 413:
             limit = config.router.max_body_mib
             message = f"request body is larger than max_body_mib = {limit} MiB; send less or raise the limit"
-            return error_response(413, "request_too_large", message)
+            # The unread rest of the body is still on the connection: close it rather than reuse it.
+            return error_response(413, "request_too_large", message, {"Connection": "close"})
         return error_response(status, exc.name.lower().replace(" ", "_"), exc.description or exc.name)
 
     def resolve(name: Any, path: str) -> tuple[str | None, Response | None]:
@@ -131,6 +132,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
             client=request.remote_addr or "",
             tokens=await needed_tokens(target, body),
         )
+        g.ticket = ticket
         return await proxy.respond(
             ticket,
             method="POST",
@@ -182,6 +184,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
         ticket = router.admit(
             target, asked=model, endpoint="/upstream", client=request.remote_addr or "", tokens=None
         )
+        g.ticket = ticket
         return await proxy.respond(
             ticket,
             method=request.method,

@@ -48,6 +48,7 @@ from statemachine import (
 from .launch import ModelLaunch
 from .llama_args import gpu_env
 from .ports import free_port
+from .records import Observation, RequestRecord, record_of
 from .supervisor import (
     LaunchSpec,
     ProcessExited,
@@ -79,6 +80,7 @@ class Ticket:
     handler_gone: bool = False
     queued_at: float = attrs.field(factory=time.monotonic)
     dispatched_at: float | None = None
+    observed: Observation = attrs.field(factory=Observation)
 
     @property
     def model(self) -> str | None:
@@ -97,6 +99,7 @@ class Happening:
 
 
 Listener = Callable[[str, dict[str, Any]], None]
+RecordListener = Callable[[RequestRecord], None]
 
 
 class Router:
@@ -119,6 +122,7 @@ class Router:
         self.ready_at: dict[int, float] = {}
         self.happenings: collections.deque[Happening] = collections.deque(maxlen=200)
         self.listeners: list[Listener] = []
+        self.record_listeners: list[RecordListener] = []
         self.stopped = trio.Event()
         self._changed = trio.Event()
         self._send, self._recv = trio.open_memory_channel[Event](math.inf)
@@ -159,6 +163,7 @@ class Router:
         if ticket.handler_gone:
             return
         ticket.handler_gone = True
+        self._record(ticket, completed)
         if ticket.closed:
             self.tickets.pop(ticket.rid, None)
             return
@@ -174,6 +179,24 @@ class Router:
                 if replica.model == model and replica.phase == "ready" and replica.id in self.ports:
                     return self.ports[replica.id]
         return None
+
+    def _record(self, ticket: Ticket, completed: bool) -> None:
+        if not self.record_listeners:
+            return
+        try:
+            record = record_of(ticket, completed=completed)
+        except Exception:
+            log.exception("could not build the record of request %d", ticket.rid)
+            return
+        self.publish(record)
+
+    def publish(self, record: RequestRecord) -> None:
+        """Hand a finished request's record to the history and the metrics; their faults stay theirs."""
+        for listener in self.record_listeners:
+            try:
+                listener(record)
+            except Exception:
+                log.exception("a request-record listener failed")
 
     def submit_shutdown_now(self) -> None:
         self.submit(ShutdownRequested(trio.current_time()))
@@ -194,7 +217,13 @@ class Router:
         now = trio.current_time()
         if now > self.state.now:
             self._step(Tick(now))
-        self._step(event)
+        # A timer Tick that waited in the channel behind other events is older than the clock by now;
+        # the Tick(now) above has already done its work. Likewise a handler's RequestFinished/ClientGone
+        # can arrive after the scheduler let go of the request itself (its replica exited first).
+        stale_tick = isinstance(event, Tick) and event.now <= self.state.now
+        let_go = isinstance(event, ClientGone | RequestFinished) and event.rid not in self.state.requests
+        if not (stale_tick or let_go):
+            self._step(event)
         if isinstance(event, ClientGone | RequestFinished) and event.rid not in self.state.requests:
             self.tickets.pop(event.rid, None)
         self._changed.set()

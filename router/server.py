@@ -14,6 +14,7 @@ from hypercorn.trio import serve
 
 from .app import create_app
 from .config import Config, check_gpu_ids
+from .dash import register_dash, start_observers
 from .launch import check_pinned, launches, scheduler_settings
 from .locate import find_llama_server
 from .placement_bridge import plan
@@ -27,7 +28,10 @@ def hypercorn_config(config: Config) -> HypercornConfig:
     hc.bind = [f"{config.router.host}:{config.router.port}"]
     hc.accesslog = None
     hc.keep_alive_timeout = 75
-    hc.graceful_timeout = 5
+    # The router drains in-flight work itself before it stops the HTTP server, so the server's own grace
+    # only has to flush the last bytes. Idle keep-alive connections are not closed by hypercorn when it
+    # stops (its idle watcher is not re-armed after a response), so a long grace delays every exit.
+    hc.graceful_timeout = 1.0
     hc.h11_max_incomplete_size = 64 * 1024
     hc.read_timeout = 300
     return hc
@@ -60,8 +64,10 @@ async def run_server(
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client, trio.open_nursery() as nursery:
+        observers = await start_observers(nursery, config, router, client)
         await nursery.start(router.run)
         app = create_app(config, router, client)
+        register_dash(app, config, router, observers, client)
         http_done = trio.Event()
 
         async def watch_signals() -> None:
