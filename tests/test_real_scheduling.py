@@ -9,6 +9,7 @@ import os
 import signal
 from pathlib import Path
 
+import httpx
 import pytest
 import trio
 
@@ -22,7 +23,7 @@ CHAT = "/v1/chat/completions"
 
 async def test_order_across_a_swap(tmp_path: Path) -> None:
     """Long A, then B, then A again: answered A, B, A although A had a free slot for the third."""
-    models = {"a": {"parallel": 2}, "b": {"shape": "other"}}
+    models = {"a": {"parallel": 2, "ctx": 4096}, "b": {"shape": "other"}}
     async with real_router(tmp_path, models, router={"queue_head_grace": 0.0}) as rt:
         results: dict[str, StreamResult] = {}
         started = trio.Event()
@@ -33,6 +34,7 @@ async def test_order_across_a_swap(tmp_path: Path) -> None:
                     started.set()
 
             results[name] = await stream(rt.client, CHAT, body, on_event=seen)
+            started.set()  # a reply without tokens (an error) must not leave the test waiting
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run, "a1", long_body("a", 1200))
@@ -51,7 +53,7 @@ async def test_order_across_a_swap(tmp_path: Path) -> None:
 
 async def test_dropped_client_frees_its_slot(tmp_path: Path) -> None:
     """Both slots busy; one client leaves; two short requests finish before the surviving long one."""
-    async with real_router(tmp_path, {"a": {"parallel": 2}}) as rt:
+    async with real_router(tmp_path, {"a": {"parallel": 2, "ctx": 6144}}) as rt:
         results: dict[str, StreamResult] = {}
         both = [trio.Event(), trio.Event()]
 
@@ -63,6 +65,7 @@ async def test_dropped_client_frees_its_slot(tmp_path: Path) -> None:
             results[f"long{index}"] = await stream(
                 rt.client, CHAT, long_body("a", 2500), drop_after=drop, on_event=seen
             )
+            both[index].set()
 
         async def short(name: str) -> None:
             results[name] = await stream(rt.client, CHAT, long_body("a", 4))
@@ -86,7 +89,7 @@ async def test_dropped_client_frees_its_slot(tmp_path: Path) -> None:
 
 async def test_n_clients_p_slots_generate_together(tmp_path: Path) -> None:
     """Four clients, three slots: three generate at the same instant, as the replica's /slots confirms."""
-    async with real_router(tmp_path, {"a": {"parallel": 3, "ctx": 3072}}) as rt:
+    async with real_router(tmp_path, {"a": {"parallel": 3, "ctx": 6144}}) as rt:
         results: list[StreamResult] = []
         busy_seen: list[int] = []
         first = trio.Event()
@@ -96,15 +99,18 @@ async def test_n_clients_p_slots_generate_together(tmp_path: Path) -> None:
                 if event.data:
                     first.set()
 
-            results.append(await stream(rt.client, CHAT, long_body("a", 600, f"story {i}"), on_event=seen))
+            results.append(await stream(rt.client, CHAT, long_body("a", 1800, f"story {i}"), on_event=seen))
+            first.set()
 
         async def watch_slots() -> None:
+            # Ask the replica itself (not through the router, whose slots are all taken).
             await first.wait()
-            for _ in range(20):
-                reply = await rt.client.get("/upstream/a/slots")
-                if reply.status_code == 200:
+            port = (await rt.status())["replicas"][0]["port"]
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as direct:
+                while len(results) < 4:
+                    reply = await direct.get("/slots")
                     busy_seen.append(sum(1 for s in reply.json() if s.get("is_processing")))
-                await trio.sleep(0.05)
+                    await trio.sleep(0.02)
 
         async with trio.open_nursery() as nursery:
             for i in range(4):
