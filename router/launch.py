@@ -30,17 +30,20 @@ class ModelLaunch:
     gpus: tuple[int, ...]
     ctx: int
     gpu_layers: int
+    tensor_split: tuple[int, ...] = ()
 
     @property
     def ctx_per_slot(self) -> int:
         return self.ctx // max(1, self.model.parallel)
 
     def argv(self, port: int) -> tuple[str, ...]:
-        return tuple(
-            llama_server_argv(
-                self.binary, self.model, self.defaults, port=port, ctx=self.ctx, gpu_layers=self.gpu_layers
-            )
+        argv = llama_server_argv(
+            self.binary, self.model, self.defaults, port=port, ctx=self.ctx, gpu_layers=self.gpu_layers
         )
+        if len(self.tensor_split) > 1 and not any(a in ("-ts", "--tensor-split") for a in argv):
+            # Split layers as placement planned, not by whatever memory happens to be free at load.
+            argv += ["--tensor-split", ",".join(str(share) for share in self.tensor_split)]
+        return tuple(argv)
 
 
 @attrs.frozen
@@ -51,6 +54,7 @@ class ModelDecision:
     gpu_layers: int
     need: Mapping[int, int] = attrs.field(factory=dict)
     refusal: str | None = None
+    tensor_split: tuple[int, ...] = ()
 
 
 def gpu_ids(config: Config, detected: int) -> tuple[int, ...]:
@@ -85,6 +89,7 @@ def launches(
             gpus=resolve_gpus(model, ids),
             ctx=decision.ctx,
             gpu_layers=decision.gpu_layers,
+            tensor_split=decision.tensor_split,
         )
     return out
 

@@ -63,7 +63,9 @@ def _decision(config: Config, plan: ModelPlan) -> ModelDecision:
     if plan.verdict == "error" or plan.ctx is None or plan.gpu_layers is None:
         log.warning("no memory prediction for %s: %s", plan.name, plan.message)
         return default_decision(model)
-    return ModelDecision(plan.ctx, plan.gpu_layers, dict(plan.need_by_gpu))
+    return ModelDecision(
+        plan.ctx, plan.gpu_layers, dict(plan.need_by_gpu), tensor_split=tuple(plan.tensor_split)
+    )
 
 
 def plan(
