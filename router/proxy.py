@@ -10,6 +10,7 @@ generating) and the scheduler is told, which frees the slot.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator, Mapping
 
 import httpx
@@ -86,6 +87,7 @@ class Proxy:
         headers: Mapping[str, str],
         stream: bool,
     ) -> Response:
+        ticket.observed.stream = stream
         try:
             with trio.move_on_after(KEEPALIVE_AFTER if stream else float("inf")):
                 await ticket.decided.wait()
@@ -115,25 +117,39 @@ class Proxy:
         url = f"http://127.0.0.1:{ticket.port}/{path.lstrip('/')}"
         if query:
             url += "?" + query.decode("latin-1")
-        request = self.client.build_request(method, url, content=body, headers=upstream_headers(headers))
+        sent = upstream_headers(headers)
         try:
-            return await self.client.send(request, stream=True)
+            try:
+                upstream = await self.client.send(
+                    self.client.build_request(method, url, content=body, headers=sent), stream=True
+                )
+            except httpx.RemoteProtocolError:
+                # The replica closed an idle keep-alive connection as we reused it; nothing was processed.
+                upstream = await self.client.send(
+                    self.client.build_request(method, url, content=body, headers=sent), stream=True
+                )
         except httpx.HTTPError as exc:
-            self.router.finish(ticket, completed=True)
             message = f"the replica of '{ticket.model}' did not answer: {exc!r}"
+            ticket.observed.fail(502, message)
+            self.router.finish(ticket, completed=True)
             return error_response(502, "upstream_unreachable", message)
+        ticket.observed.status = upstream.status_code
+        return upstream
 
     async def _relay(self, ticket: Ticket, upstream: httpx.Response) -> AsyncIterator[bytes]:
         # No cancel scope spans a yield here: the exchange ends by itself when the replica goes away.
         completed = False
         sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
+        sniffer = ticket.observed.sniff(sse=sse)
         try:
             try:
                 async for chunk in upstream.aiter_raw():
+                    sniffer.feed(chunk)
                     yield chunk
                 completed = True
             except httpx.HTTPError as exc:
                 completed = True
+                ticket.observed.fail(502, self._failure_text(ticket, exc))
                 if sse:
                     yield sse_error(502, "replica_failed", self._failure_text(ticket, exc))
         finally:
@@ -168,6 +184,7 @@ class Proxy:
         if upstream.status_code >= 400:
             detail = (await upstream.aread()).decode("utf-8", "replace")
             await upstream.aclose()
+            ticket.observed.error = detail[:500]
             self.router.finish(ticket, completed=True)
             yield sse_error(upstream.status_code, "upstream_error", detail)
             return
@@ -176,7 +193,8 @@ class Proxy:
 
     def _keepalive(self, ticket: Ticket) -> bytes:
         position, loading = self.router.queue_position(ticket.rid)
-        text = f": waiting for '{ticket.target}'"
+        waited = time.monotonic() - ticket.queued_at
+        text = f": waiting for '{ticket.target}' ({waited:.0f} s)"
         if position is not None:
             text += f", queue position {position}"
         if loading:

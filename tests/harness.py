@@ -65,7 +65,8 @@ def config_document(
     for name, raw in models.items():
         table = dict(raw)
         behaviour = {**SIM_DEFAULTS, "record_dir": records / name, **table.pop("sim", {})}
-        table["model"] = str(write_sim_model(dir / "models", name, **behaviour))
+        if "model" not in table:  # a given file (a GGUF with a sidecar, say) is used as it is
+            table["model"] = str(write_sim_model(dir / "models", name, **behaviour))
         tables[name] = table
     router_table: dict[str, Any] = {
         "host": "127.0.0.1",
