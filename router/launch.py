@@ -40,6 +40,8 @@ class ModelLaunch:
         argv = llama_server_argv(
             self.binary, self.model, self.defaults, port=port, ctx=self.ctx, gpu_layers=self.gpu_layers
         )
+        if not any(a in ("-a", "--alias") for a in argv):
+            argv += ["--alias", self.model.name]  # replies name the model as clients know it
         if len(self.tensor_split) > 1 and not any(a in ("-ts", "--tensor-split") for a in argv):
             # Split layers as placement planned, not by whatever memory happens to be free at load.
             argv += ["--tensor-split", ",".join(str(share) for share in self.tensor_split)]
