@@ -13,7 +13,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .access import OPEN_PATHS, key_accepted, presented_key
-from .config import Config, read_api_keys, resolve_name
+from .config import Config, resolve_name
 from .errors import error_response
 from .proxy import Proxy
 from .runtime import Router
@@ -59,10 +59,10 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 120
     proxy = Proxy(router, client)
-    keys = [k.encode() for k in read_api_keys(config)]
 
     @app.before_request
     async def check_key() -> Response | None:
+        keys = router.deployment.api_keys
         if not keys or request.path in OPEN_PATHS:
             return None
         if key_accepted(keys, presented_key(request.headers)):
@@ -74,7 +74,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
     async def http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
         if status == 413:
-            limit = config.router.max_body_mib
+            limit = config.router.max_body_mib  # fixed at startup
             message = f"request body is larger than max_body_mib = {limit} MiB; send less or raise the limit"
             # The unread rest of the body is still on the connection: close it rather than reuse it.
             return error_response(413, "request_too_large", message, {"Connection": "close"})
@@ -82,17 +82,17 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
 
     def resolve(name: Any, path: str) -> tuple[str | None, Response | None]:
         if isinstance(name, str) and name:
-            target = resolve_name(config, name)
+            target = resolve_name(router.config, name)
             if target is not None:
-                if path in TOKEN_COUNTING and target in config.pools:
-                    members = ", ".join(config.pools[target].members)
+                if path in TOKEN_COUNTING and target in router.config.pools:
+                    members = ", ".join(router.config.pools[target].members)
                     message = f"'{name}' is a pool; token counting needs one of its models: {members}"
                     return None, error_response(400, "pool_not_allowed", message)
                 return target, None
-        default = config.router.default_pool
+        default = router.config.router.default_pool
         if default is not None and path not in TOKEN_COUNTING:
             return default, None
-        known = ", ".join(sorted((*config.models, *config.pools)))
+        known = ", ".join(sorted((*router.config.models, *router.config.pools)))
         if not name:
             message = f'the request names no model; add "model" with one of: {known}'
             return None, error_response(400, "model_required", message)
@@ -102,7 +102,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
 
     async def needed_tokens(target: str, body: dict[str, Any]) -> int | None:
         output = requested_output(body)
-        pool = config.pools.get(target)
+        pool = router.config.pools.get(target)
         if pool is None:
             return output or None
         upper = prompt_upper_bound(body) + output
@@ -159,7 +159,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
     @app.route("/v1/models")
     @app.route("/models")
     async def models() -> Response:
-        return Response(json.dumps(models_document(config, router)), content_type="application/json")
+        return Response(json.dumps(models_document(router.config, router)), content_type="application/json")
 
     @app.route("/plan")
     async def plan() -> Response:
@@ -167,13 +167,13 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
 
     @app.route("/status")
     async def status() -> Response:
-        return Response(json.dumps(status_document(config, router)), content_type="application/json")
+        return Response(json.dumps(status_document(router.config, router)), content_type="application/json")
 
     @app.route("/upstream/<model>/<path:rest>", methods=["GET", "POST"])
     async def upstream(model: str, rest: str) -> Response:
-        target = resolve_name(config, model)
-        if target is None or target not in config.models:
-            known = ", ".join(sorted(config.models))
+        target = resolve_name(router.config, model)
+        if target is None or target not in router.config.models:
+            known = ", ".join(sorted(router.config.models))
             return error_response(
                 404, "model_not_found", f"model '{model}' is not served here; known: {known}"
             )
@@ -208,9 +208,9 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
         force = body.get("force") is True
         model = None
         if name is not None:
-            model = resolve_name(config, str(name))
-            if model is None or model not in config.models:
-                known = ", ".join(sorted(config.models))
+            model = resolve_name(router.config, str(name))
+            if model is None or model not in router.config.models:
+                known = ", ".join(sorted(router.config.models))
                 return error_response(
                     404, "model_not_found", f"model '{name}' is not served here; known: {known}"
                 )

@@ -74,7 +74,6 @@ class Proxy:
     def __init__(self, router: Router, client: httpx.AsyncClient) -> None:
         self.router = router
         self.client = client
-        self.pools = set(router.state.settings.pools.keys())
 
     async def respond(
         self,
@@ -112,7 +111,8 @@ class Proxy:
     async def _open(
         self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Mapping[str, str]
     ) -> httpx.Response | Response:
-        if ticket.model is not None and ticket.model != ticket.target and ticket.target in self.pools:
+        pooled = ticket.target in self.router.state.settings.pools
+        if pooled and ticket.model is not None and ticket.model != ticket.target:
             body = name_member(body, ticket.model)
         url = f"http://127.0.0.1:{ticket.port}/{path.lstrip('/')}"
         if query:

@@ -32,7 +32,6 @@ from statemachine import (
     ReplicaReady,
     RequestArrived,
     RequestFinished,
-    Settings,
     ShutdownRequested,
     Spawn,
     Startup,
@@ -45,6 +44,8 @@ from statemachine import (
     step,
 )
 
+from .config import Config
+from .deploy import Deployment
 from .launch import ModelLaunch
 from .llama_args import gpu_env
 from .ports import free_port
@@ -103,19 +104,13 @@ RecordListener = Callable[[RequestRecord], None]
 
 
 class Router:
-    def __init__(
-        self,
-        settings: Settings,
-        launches: Mapping[str, ModelLaunch],
-        *,
-        load_timeout: float,
-        stop_timeout: float,
-        log_lines: int = 400,
-    ) -> None:
-        self.state: State = initial_state(settings, trio.current_time())
-        self.launches = dict(launches)
-        self.load_timeout = load_timeout
-        self.stop_timeout = stop_timeout
+    def __init__(self, deployment: Deployment) -> None:
+        self.deployment = deployment
+        self.state: State = initial_state(deployment.settings, trio.current_time())
+        router = deployment.config.router
+        self.load_timeout = router.load_timeout
+        self.stop_timeout = router.stop_timeout
+        log_lines = router.log_lines
         self.supervisor = Supervisor(self._from_supervisor, log_lines=log_lines)
         self.tickets: dict[int, Ticket] = {}
         self.ports: dict[int, int] = {}
@@ -129,7 +124,18 @@ class Router:
         self._next_rid = 1
         self._timer_scope: trio.CancelScope | None = None
         self._wake_at = math.inf
-        self.plan_document: dict[str, Any] = {"version": 1, "devices": [], "models": []}
+
+    @property
+    def config(self) -> Config:
+        return self.deployment.config
+
+    @property
+    def launches(self) -> Mapping[str, ModelLaunch]:
+        return self.deployment.launches
+
+    @property
+    def plan_document(self) -> Mapping[str, Any]:
+        return self.deployment.plan_document
 
     # ------------------------------------------------------------------------------- lifecycle
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -13,11 +13,9 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
 from .app import create_app
-from .config import Config, check_gpu_ids
+from .config import Config
 from .dash import register_dash, start_observers
-from .launch import check_pinned, launches, scheduler_settings
-from .locate import find_llama_server
-from .placement_bridge import plan
+from .deploy import prepare
 from .runtime import Router
 
 log = logging.getLogger("router")
@@ -38,23 +36,7 @@ def hypercorn_config(config: Config) -> HypercornConfig:
 
 
 def build_router(config: Config) -> Router:
-    binary = str(find_llama_server(config.router.llama_server))
-    ids, budgets, decisions, document = plan(config)
-    check_gpu_ids(config, ids)
-    settings = scheduler_settings(config, ids, decisions, budgets)
-    check_pinned(config, settings)
-    for name, decision in decisions.items():
-        if decision.refusal:
-            log.error("model %s cannot be served: %s", name, decision.refusal)
-    router = Router(
-        settings,
-        launches(config, binary, ids, decisions),
-        load_timeout=config.router.load_timeout,
-        stop_timeout=config.router.stop_timeout,
-        log_lines=config.router.log_lines,
-    )
-    router.plan_document = document
-    return router
+    return Router(prepare(config))
 
 
 async def run_server(
