@@ -12,7 +12,7 @@ from tests.simtools import read_records, write_sim_sidecar
 
 MIB = 1 << 20
 
-# ~1.9 GiB of f16 weights in the blocks: never fits a 1 GiB GPU at full offload.
+# ~2.6 GiB of f16 weights in the blocks: never fits a 1 GiB GPU at full offload.
 BIG = SyntheticModel(n_layer=8, n_embd=4096, n_head=32, n_head_kv=8, n_ff=11008, n_vocab=1024)
 # ~25 MiB: fits, and spans two GPUs.
 SMALL = SyntheticModel(
