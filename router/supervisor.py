@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 _HEALTH_INTERVAL = 0.1  # seconds between /health probes while loading
+_HEALTH_FIRST = 0.01  # the first probes come faster: small models are ready in well under a second
 _HEALTH_CALL_TIMEOUT = 1.0  # seconds one /health probe may take
 _SHUTDOWN_GRACE = 3.0  # most seconds between SIGTERM and SIGKILL when the supervisor itself is cancelled
 _KILL_WAIT = 10.0  # seconds to wait for a SIGKILLed child during shutdown before giving up on it
@@ -424,7 +425,9 @@ class Supervisor:
                         self._emit(ProcessReady(spec.replica_id))
                     return
             remaining = deadline - trio.current_time()
-            await trio.sleep(max(0.0, min(_HEALTH_INTERVAL, remaining)))
+            since = trio.current_time() - rep.started_clock
+            interval = min(_HEALTH_INTERVAL, max(_HEALTH_FIRST, since / 10))
+            await trio.sleep(max(0.0, min(interval, remaining)))
         if rep.stop_reason is not None or rep.exit_seen:
             return
         reason = (
