@@ -5,7 +5,8 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping, Sequence
 
-OPEN_PATHS = ("/health",)
+# /health for probes; the dashboard's static page and assets hold no data (it asks for a key itself).
+OPEN_PATHS = ("/health", "/dash", "/dash/dash.js", "/dash/dash.css")
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import attrs
+import trio
 
 from statemachine import State
 
@@ -65,7 +66,7 @@ def models_document(config: Config, router: Router) -> dict[str, Any]:
 
 def status_document(config: Config, router: Router) -> dict[str, Any]:
     state = router.state
-    now = state.now
+    now = max(state.now, trio.current_time())  # the scheduler's clock only moves with events
     queued = state.queued()
     replicas = []
     for r in state.replicas:

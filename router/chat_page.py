@@ -1,0 +1,141 @@
+"""``/chat/{model}/``: the web UI of a model's own llama-server, reached through the router.
+
+What works:
+
+- ``GET /chat/{model}`` redirects to ``/chat/{model}/`` so that the page's relative links resolve below it.
+- ``GET /chat/{model}/...`` (the page, its assets, ``props``, ``slots``, ``v1/models`` ...) goes to a ready
+  replica of the model. When none is ready, the request is admitted like any other (so the model is loaded
+  on demand, possibly evicting another) and passed through once the replica answers. These reads hold no
+  slot while they are relayed. ``Accept-Encoding`` and ``Content-Encoding`` pass unchanged, because
+  llama-server serves its page compressed.
+- ``POST /chat/{model}/...`` (completions, tokenize, ...) is admitted through the scheduler and relayed
+  exactly like the forwarded API, streams and keep-alives included; it shows in the history with endpoint
+  ``/chat``.
+
+Limits: the UI must call its API with relative paths (llama-server's bundled UI does); absolute paths such
+as ``/v1/chat/completions`` reach the router's own API, which needs the model named in the body. When the
+router requires an API key, a browser cannot send one for the page itself.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Mapping
+
+import httpx
+import trio
+from quart import Response, g, redirect, request
+from quart_trio import QuartTrio
+
+from .config import Config, resolve_name
+from .errors import error_response
+from .proxy import Proxy
+from .runtime import Router
+
+_SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9._~:@!$&'()*+,;=-]+$")
+_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "authorization",
+    "x-api-key",
+    "cookie",
+}
+
+
+def _pass_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in _HOP}
+
+
+async def _relay(upstream: httpx.Response) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in upstream.aiter_raw():
+            yield chunk
+    except httpx.HTTPError:
+        return
+    finally:
+        with trio.CancelScope(shield=True):
+            await upstream.aclose()
+
+
+def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.AsyncClient) -> None:
+    proxy = Proxy(router, client)
+
+    def model_of(name: str) -> str | None:
+        target = resolve_name(config, name)
+        return target if target in config.models else None
+
+    def unknown(name: str) -> Response:
+        known = ", ".join(sorted(config.models))
+        return error_response(404, "model_not_found", f"model '{name}' is not served here; known: {known}")
+
+    async def pass_get(port: int, rest: str) -> Response:
+        url = f"http://127.0.0.1:{port}/{rest}"
+        if request.query_string:
+            url += "?" + request.query_string.decode("latin-1")
+        outgoing = client.build_request("GET", url, headers=_pass_headers(request.headers))
+        try:
+            upstream = await client.send(outgoing, stream=True)
+        except httpx.HTTPError as exc:
+            return error_response(502, "upstream_unreachable", f"the replica did not answer: {exc!r}")
+        return Response(
+            _relay(upstream), status=upstream.status_code, headers=_pass_headers(upstream.headers)
+        )
+
+    @app.route("/chat/<name>")
+    async def chat_root(name: str) -> Response:
+        if model_of(name) is None:
+            return unknown(name)
+        return redirect(f"{name}/", 308)  # type: ignore[return-value]
+
+    @app.route("/chat/<name>/", methods=["GET", "POST"], defaults={"rest": ""})
+    @app.route("/chat/<name>/<path:rest>", methods=["GET", "POST"])
+    async def chat(name: str, rest: str) -> Response:
+        model = model_of(name)
+        if model is None:
+            return unknown(name)
+        if rest and any(s in ("", ".", "..") or not _SAFE_SEGMENT.match(s) for s in rest.split("/")):
+            return error_response(400, "invalid_path", f"'{rest}' is not a plain path below the model")
+        if request.method == "GET":
+            port = router.ready_port([model])
+            if port is not None:
+                return await pass_get(port, rest)
+        raw = await request.get_data(cache=False)
+        ticket = router.admit(
+            model, asked=name, endpoint="/chat", client=request.remote_addr or "", tokens=None
+        )
+        g.ticket = ticket
+        if request.method == "POST":
+            try:
+                stream = json.loads(raw or b"null").get("stream") is True
+            except (AttributeError, UnicodeDecodeError, ValueError):
+                stream = False
+            return await proxy.respond(
+                ticket,
+                method="POST",
+                path=rest,
+                query=request.query_string,
+                body=raw,
+                headers=request.headers,
+                stream=stream,
+            )
+        decided = False
+        try:
+            await ticket.decided.wait()
+            decided = True
+        finally:
+            router.finish(ticket, completed=decided and ticket.reject is None)
+        if ticket.reject is not None:
+            reject = ticket.reject
+            return error_response(reject.status, reject.code, reject.message)
+        assert ticket.port is not None
+        return await pass_get(ticket.port, rest)

@@ -1,0 +1,123 @@
+"""One finished request as the history and the metrics see it, and how a request's record is built.
+
+Every request the router admits carries an :class:`Observation` on its ticket; the proxy notes on it the
+status the upstream answered and hands it the relayed chunks (through a ``UsageSniffer``). When the
+handler is done with the ticket, ``record_of`` turns ticket and observation into a :class:`RequestRecord`.
+
+Statuses: the HTTP status the client got, except that a request rejected after its event stream began
+(status 200 with keep-alive comments) records the rejection's status, a stream broken off by a failing
+replica records 502, and a client that went away before the reply ended records 499.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from .usage import UsageSniffer
+
+if TYPE_CHECKING:
+    from .runtime import Ticket
+
+CLIENT_CLOSED = 499
+ERROR_TEXT_LIMIT = 500
+
+
+@attrs.frozen
+class RequestRecord:
+    """One request, as kept in the history. Times are seconds; ``at`` is the wall-clock arrival time.
+
+    ``model_asked`` is the name in the request (None when it named none); ``model_served`` the model whose
+    replica answered (None when none did). ``queue_wait`` runs from arrival to dispatch, ``ttft`` from
+    arrival to the first generated content of a stream (None for plain replies), ``duration`` from
+    arrival to the end of the reply.
+    """
+
+    at: float
+    client: str
+    endpoint: str
+    model_asked: str | None
+    model_served: str | None
+    status: int
+    duration: float
+    queue_wait: float | None = None
+    ttft: float | None = None
+    prompt_tokens: int | None = None
+    generated_tokens: int | None = None
+    cached_tokens: int | None = None
+    error: str | None = None
+    target: str | None = None
+    stream: bool = False
+
+    def as_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @property
+    def metric_model(self) -> str:
+        """A model label of bounded variety: the served model, else the resolved target, else empty."""
+        return self.model_served or self.target or ""
+
+
+@attrs.define(eq=False)
+class Observation:
+    """What the proxy learned about one request while serving it."""
+
+    stream: bool = False
+    status: int | None = None
+    error: str | None = None
+    sniffer: UsageSniffer | None = None
+
+    def sniff(self, *, sse: bool) -> UsageSniffer:
+        self.sniffer = UsageSniffer(sse=sse)
+        return self.sniffer
+
+    def fail(self, status: int, message: str) -> None:
+        self.status = status
+        if self.error is None:
+            self.error = message[:ERROR_TEXT_LIMIT]
+
+
+def record_of(ticket: Ticket, *, completed: bool, now: float | None = None) -> RequestRecord:
+    """The record of an admitted request whose handler has just finished (``now``: time.monotonic())."""
+    now = time.monotonic() if now is None else now
+    observed = ticket.observed
+    status = observed.status
+    error = observed.error
+    sniffer = observed.sniffer
+    if sniffer is not None:
+        sniffer.close()
+        if sniffer.error is not None:
+            code, text = sniffer.error
+            error = error or text
+            if code is not None and code >= 400 and (status is None or status < 400):
+                status = code
+    if ticket.reject is not None:
+        status, error = ticket.reject.status, ticket.reject.message
+    elif ticket.failure is not None:
+        status, error = ticket.failure.status, ticket.failure.message
+    if not completed and (status is None or status < 400):
+        status, error = CLIENT_CLOSED, "the client closed the connection before the reply ended"
+    if status is None:
+        status = 200
+    usage = sniffer.usage if sniffer is not None else None
+    first = sniffer.first_content_at if sniffer is not None else None
+    dispatched = ticket.dispatched_at
+    return RequestRecord(
+        at=ticket.started,
+        client=ticket.client,
+        endpoint=ticket.endpoint,
+        model_asked=ticket.asked,
+        model_served=ticket.model,
+        status=status,
+        duration=max(0.0, now - ticket.queued_at),
+        queue_wait=None if dispatched is None else max(0.0, dispatched - ticket.queued_at),
+        ttft=None if first is None else max(0.0, first - ticket.queued_at),
+        prompt_tokens=None if usage is None else usage.prompt_tokens,
+        generated_tokens=None if usage is None else usage.generated_tokens,
+        cached_tokens=None if usage is None else usage.cached_tokens,
+        error=None if error is None else error[:ERROR_TEXT_LIMIT],
+        target=ticket.target,
+        stream=observed.stream,
+    )
