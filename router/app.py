@@ -16,6 +16,7 @@ from .access import OPEN_PATHS, key_accepted, presented_key
 from .config import Config, resolve_name
 from .errors import error_response
 from .proxy import Proxy
+from .reload import reload_config
 from .runtime import Router
 from .status import models_document, status_document
 from .tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
@@ -194,6 +195,14 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
             headers=request.headers,
             stream=False,
         )
+
+    @app.route("/reload", methods=["POST"])
+    async def reload() -> Response:
+        result = await reload_config(router)
+        if not result.ok:
+            return error_response(400, "invalid_config", result.message)
+        doc = {"reloaded": True, "restarted": list(result.restarted)}
+        return Response(json.dumps(doc), content_type="application/json")
 
     @app.route("/unload", methods=["POST"])
     async def unload() -> Response:

@@ -32,6 +32,7 @@ from statemachine import (
     ReplicaReady,
     RequestArrived,
     RequestFinished,
+    SettingsChanged,
     ShutdownRequested,
     Spawn,
     Startup,
@@ -338,6 +339,11 @@ class Router:
             self.submit(Tick(trio.current_time()))
 
     # --------------------------------------------------------------------------------- reading
+    def redeploy(self, deployment: Deployment, changed: frozenset[str]) -> None:
+        """Switch to a new deployment: ``changed`` models drain and stop; the rest keep serving."""
+        self.deployment = deployment
+        self.submit(SettingsChanged(deployment.settings, changed))
+
     def unload(self, model: str | None, force: bool) -> None:
         self.submit(UnloadRequested(model, force))
 

@@ -16,6 +16,7 @@ from .app import create_app
 from .config import Config
 from .dash import register_dash, start_observers
 from .deploy import prepare
+from .reload import reload_config
 from .runtime import Router
 
 log = logging.getLogger("router")
@@ -69,7 +70,13 @@ async def run_server(
             await router.shutdown(config.router.shutdown_grace)
             http_done.set()
 
+        async def watch_hangups() -> None:
+            with trio.open_signal_receiver(signal.SIGHUP) as hangups:
+                async for _ in hangups:
+                    await reload_config(router)
+
         nursery.start_soon(watch_signals)
+        nursery.start_soon(watch_hangups)
         url = f"http://{config.router.host}:{config.router.port}"
         log.info("llama-router listening on %s", url)
         if on_ready is not None:

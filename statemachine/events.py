@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import attrs
 
+from .settings import Settings
+
 
 @attrs.frozen
 class Tick:
@@ -73,6 +75,15 @@ class UnloadRequested:
 
 
 @attrs.frozen
+class SettingsChanged:
+    """A new configuration: ``settings`` replace the old ones; replicas of the models in ``restart`` (and of
+    models no longer configured) drain and stop, the others keep serving."""
+
+    settings: Settings
+    restart: frozenset[str] = frozenset()
+
+
+@attrs.frozen
 class ShutdownRequested:
     """Stop admitting; in-flight work may run until ``deadline``; then everything is killed."""
 
@@ -89,5 +100,6 @@ Event = (
     | LoadFailed
     | ReplicaExited
     | UnloadRequested
+    | SettingsChanged
     | ShutdownRequested
 )

@@ -1,0 +1,51 @@
+"""Reload the configuration (SIGHUP or POST /reload) without disturbing what did not change.
+
+The new file is read and prepared completely first (validation, placement, the scheduler's settings); any
+error leaves the old configuration serving and is returned to the caller. On success, models whose
+replicas no longer match (removed, or started with other flags, context, GPUs or slots) drain — in-flight
+requests finish — and stop; models that did not change keep running and serving. Listening address, port
+and max_body_mib only change with a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import attrs
+import trio
+
+from .config import ConfigError, load_config
+from .deploy import changed_models, prepare
+from .locate import LlamaServerNotFound
+from .runtime import Router
+
+log = logging.getLogger("router")
+
+
+@attrs.frozen
+class ReloadResult:
+    ok: bool
+    message: str
+    restarted: tuple[str, ...] = ()
+
+
+async def reload_config(router: Router, path: Path | None = None) -> ReloadResult:
+    source = path or router.config.path
+    try:
+        config = await trio.to_thread.run_sync(load_config, source)
+        deployment = await trio.to_thread.run_sync(prepare, config)
+    except (ConfigError, LlamaServerNotFound) as exc:
+        log.error("reload refused, the old configuration keeps serving: %s", exc)
+        return ReloadResult(False, str(exc))
+    except OSError as exc:
+        message = f"cannot read config {source}: {exc.strerror or exc}"
+        log.error("reload refused, the old configuration keeps serving: %s", message)
+        return ReloadResult(False, message)
+    changed = changed_models(router.deployment, deployment)
+    router.redeploy(deployment, changed)
+    restarted = tuple(sorted(changed))
+    log.info(
+        "configuration reloaded from %s; draining and restarting: %s", source, ", ".join(restarted) or "none"
+    )
+    return ReloadResult(True, "reloaded", restarted)
