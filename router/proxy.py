@@ -22,6 +22,7 @@ from .runtime import Router, Ticket
 
 KEEPALIVE_AFTER = 1.0
 KEEPALIVE_EVERY = 2.0
+REDISPATCHES = 2  # times a request whose replica refused the connection waits for another
 
 _DROP = {
     "connection",
@@ -119,15 +120,30 @@ class Proxy:
             url += "?" + query.decode("latin-1")
         sent = upstream_headers(headers)
         try:
-            try:
-                upstream = await self.client.send(
-                    self.client.build_request(method, url, content=body, headers=sent), stream=True
-                )
-            except httpx.RemoteProtocolError:
-                # The replica closed an idle keep-alive connection as we reused it; nothing was processed.
-                upstream = await self.client.send(
-                    self.client.build_request(method, url, content=body, headers=sent), stream=True
-                )
+            for attempt in range(REDISPATCHES + 1):
+                try:
+                    upstream = await self.client.send(
+                        self.client.build_request(method, url, content=body, headers=sent), stream=True
+                    )
+                    break
+                except httpx.RemoteProtocolError:
+                    # The replica closed an idle keep-alive connection as we reused it; nothing was processed.
+                    upstream = await self.client.send(
+                        self.client.build_request(method, url, content=body, headers=sent), stream=True
+                    )
+                    break
+                except httpx.ConnectError as exc:
+                    # Nothing listens there any more (the replica died a moment ago): wait for another one.
+                    if attempt == REDISPATCHES or ticket.closed:
+                        raise
+                    self.router.redispatch(ticket, f"connection refused: {exc!r}")
+                    await ticket.decided.wait()
+                    if ticket.reject is not None:
+                        self.router.finish(ticket, completed=False)
+                        return _reject_response(ticket)
+                    url = f"http://127.0.0.1:{ticket.port}/{path.lstrip('/')}" + (
+                        "?" + query.decode("latin-1") if query else ""
+                    )
         except httpx.HTTPError as exc:
             message = f"the replica of '{ticket.model}' did not answer: {exc!r}"
             ticket.observed.fail(502, message)

@@ -23,6 +23,7 @@ from statemachine import (
     ClientGone,
     Command,
     Dispatch,
+    DispatchFailed,
     Event,
     IllegalEvent,
     Kill,
@@ -228,7 +229,10 @@ class Router:
         # the Tick(now) above has already done its work. Likewise a handler's RequestFinished/ClientGone
         # can arrive after the scheduler let go of the request itself (its replica exited first).
         stale_tick = isinstance(event, Tick) and event.now <= self.state.now
-        let_go = isinstance(event, ClientGone | RequestFinished) and event.rid not in self.state.requests
+        let_go = (
+            isinstance(event, ClientGone | RequestFinished | DispatchFailed)
+            and event.rid not in self.state.requests
+        )
         if not (stale_tick or let_go):
             self._step(event)
         if isinstance(event, ClientGone | RequestFinished) and event.rid not in self.state.requests:
@@ -339,6 +343,13 @@ class Router:
             self.submit(Tick(trio.current_time()))
 
     # --------------------------------------------------------------------------------- reading
+    def redispatch(self, ticket: Ticket, reason: str) -> None:
+        """The replica ``ticket`` went to refused the connection: let the request wait for another."""
+        ticket.dispatch = None
+        ticket.port = None
+        ticket.decided = trio.Event()
+        self.submit(DispatchFailed(ticket.rid, reason))
+
     def redeploy(self, deployment: Deployment, changed: frozenset[str]) -> None:
         """Switch to a new deployment: ``changed`` models drain and stop; the rest keep serving."""
         self.deployment = deployment

@@ -8,6 +8,7 @@ from .commands import CancelUpstream, Command, Dispatch, Kill, Reject, Spawn, St
 from .errors import IllegalEvent
 from .events import (
     ClientGone,
+    DispatchFailed,
     Event,
     LoadFailed,
     ReplicaExited,
@@ -31,6 +32,7 @@ __all__ = [
     "Command",
     "DeviceSpec",
     "Dispatch",
+    "DispatchFailed",
     "Event",
     "IllegalEvent",
     "InvariantViolation",

@@ -75,6 +75,15 @@ class UnloadRequested:
 
 
 @attrs.frozen
+class DispatchFailed:
+    """The shell could not reach the replica ``rid`` was dispatched to (connection refused): nothing was
+    sent, so the request may wait again."""
+
+    rid: int
+    reason: str
+
+
+@attrs.frozen
 class SettingsChanged:
     """A new configuration: ``settings`` replace the old ones; replicas of the models in ``restart`` (and of
     models no longer configured) drain and stop, the others keep serving."""
@@ -100,6 +109,7 @@ Event = (
     | LoadFailed
     | ReplicaExited
     | UnloadRequested
+    | DispatchFailed
     | SettingsChanged
     | ShutdownRequested
 )

@@ -49,3 +49,12 @@ class Fifo:
             rid = self.items[i]
             if is_live(rid):
                 yield rid
+
+    def insert(self, rid: int, seq_of: Callable[[int], int], is_live: Callable[[int], bool]) -> Fifo:
+        """Put ``rid`` back at its arrival position (rare: a dispatch that never reached its replica)."""
+        live = list(self.live(is_live))
+        position = 0
+        while position < len(live) and seq_of(live[position]) < seq_of(rid):
+            position += 1
+        live.insert(position, rid)
+        return Fifo(pvector(live), 0, len(live))

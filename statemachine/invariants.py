@@ -29,7 +29,7 @@ def check(state: State) -> None:
     if len(by_id) != len(state.replicas):
         _fail("INV-IDS", "two replicas share an id")
     for replica in state.replicas:
-        spec = settings.models[replica.model]
+        spec = state.spec_of(replica)
         if len(replica.inflight) > spec.slots:
             _fail(
                 "INV-SLOTS", f"replica {replica.id} has {len(replica.inflight)} in flight, {spec.slots} slots"
@@ -78,3 +78,28 @@ def check(state: State) -> None:
         _fail("INV-QUEUE", f"{queued} requests are queued but {listed} are in queues")
     if state.shutting_down and queued:
         _fail("INV-SHUTDOWN", f"{queued} requests still wait after shutdown began")
+    for rid, _spec in state.retired.items():
+        replica = by_id.get(rid)
+        if replica is None or not (replica.draining or replica.phase == STOPPING):
+            _fail("INV-RETIRED", f"retired replica {rid} is gone or still takes work")
+    _check_index(state)
+
+
+def _check_index(state: State) -> None:
+    """The cache step() carries between states agrees with the replicas it was built from."""
+    index = state.index
+    if index is None or not index.valid_for(state):
+        return
+    by_model: dict[str, list[int]] = {}
+    for replica in state.replicas:
+        by_model.setdefault(replica.model, []).append(replica.id)
+    if {m: tuple(ids) for m, ids in by_model.items()} != index.by_model:
+        _fail("INV-INDEX", f"replicas by model {index.by_model} should be {by_model}")
+    models = state.settings.models
+    for model, (free, live) in index.memo.items():
+        mine = [r for r in state.replicas if r.model == model]
+        slots = models[model].slots
+        want_free = any(r.phase == READY and not r.draining and len(r.inflight) < slots for r in mine)
+        want_live = sum(1 for r in mine if r.phase != STOPPING and not r.draining)
+        if (free, live) != (want_free, want_live):
+            _fail("INV-INDEX", f"model {model} cached as {(free, live)}, is {(want_free, want_live)}")

@@ -5,7 +5,8 @@ earlier requests decided into later ones:
 
 - ``blocked`` GPUs: an earlier request needs a swap there and has waited its grace; later requests for
   models on those GPUs neither dispatch nor load, so they cannot overtake it;
-- ``protected`` models: an earlier request waits for a slot of that model; a later request may not evict it.
+- ``protected`` models: an earlier request waits for a slot of that model (any of its candidates); a later
+  request may not evict it.
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ from .work import Work
 
 def candidates(w: Work, target: str, tokens: int | None) -> list[str]:
     """Models that may serve a request for ``target``, in priority order (context and refusal checked)."""
-    pool = w.settings.pools.get(target)
+    pool = w.settings.pool_table.get(target)
     if pool is None:
         names: tuple[str, ...] = (target,)
     elif pool.fallback:
         names = pool.members
     else:
         names = pool.members[:1]
+    models = w.models
     out = []
     for name in names:
-        spec = w.model(name)
+        spec = models[name]
         if spec.refusal is not None:
             continue
         if tokens is not None and spec.ctx_per_slot is not None and tokens > spec.ctx_per_slot:
@@ -45,21 +47,21 @@ def schedule(w: Work) -> None:
     wake: list[float] = []
     blocked: set[int] = set()
     protected: set[str] = set()
-    heap: list[tuple[int, str]] = []
-    for target in (*w.settings.models.keys(), *w.settings.pools.keys()):
+    heap: list[tuple[int, str, Request]] = []
+    requests = w.requests
+    for target in w.settings.targets:
         head = w.fifo(target).first()
         if head is not None:
-            heap.append((w.requests[head].seq, target))
+            request = requests[head]
+            heap.append((request.seq, target, request))
     heapq.heapify(heap)
     while heap:
-        _, target = heapq.heappop(heap)
-        head = w.fifo(target).first()
-        assert head is not None
-        _place(w, w.requests[head], blocked, protected, wake)
-        if not w.is_queued(head):
-            nxt = w.fifo(target).first()
-            if nxt is not None:
-                heapq.heappush(heap, (w.requests[nxt].seq, target))
+        _, target, request = heapq.heappop(heap)
+        _place(w, request, blocked, protected, wake)
+        nxt = w.fifo(target).first()
+        if nxt is not None and nxt != request.rid:
+            following = requests[nxt]
+            heapq.heappush(heap, (following.seq, target, following))
     for rid in w.overflow:
         request = w.request(rid)
         if request is not None and request.phase == "queued":
@@ -85,6 +87,11 @@ def _overflow_message(w: Work, request: Request) -> str:
 def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wake: list[float]) -> None:
     """Dispatch ``request`` if it can go now; otherwise start what it waits for (a load, a swap)."""
     names = candidates(w, request.target, request.tokens)
+    if names and _all_busy(w, names):
+        # Every candidate has all its replicas and none has a free slot: the request just waits.
+        if not request.overflow:
+            protected.update(names)
+        return
     for name in names:
         spec = w.model(name)
         if blocked.intersection(spec.gpus):
@@ -95,33 +102,28 @@ def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wa
             return
     if request.overflow:
         return
-    to_load: ModelSpec | None = None
-    for name in names:
-        spec = w.model(name)
-        if len(w.live_replicas(name)) < spec.replicas:
-            to_load = spec
-            break
-        protected.add(name)
-    if to_load is None:
+    protected.update(names)
+    load = _to_load(w, names)
+    if load is None:
+        if not any(w.live_replicas(name) for name in names):
+            first = w.model(names[0]) if names else None
+            w.reject(request, 503, "model_unavailable", _unloadable_reason(w, first))
         return
-    claiming = w.now - request.arrived >= w.policy.claim_after
-    if not claiming:
-        wake.append(request.arrived + w.policy.claim_after)
+    to_load, count = load
+    due = request.arrived + w.policy.claim_after
+    claiming = w.now >= due
     gpus = set(to_load.gpus)
+    if not (blocked & gpus) and all(w.fits(to_load, g, count, set(), count_stopping=True) for g in gpus):
+        for _ in range(count):
+            w.spawn(to_load, f"request {request.rid} for '{request.target}'")
+        return
+    if not claiming:
+        wake.append(due)
     if blocked & gpus:
         if claiming:
             blocked |= gpus
         return
-    missing = to_load.replicas - len(w.live_replicas(to_load.name))
-    if all(w.fits(to_load, g, missing, set(), count_stopping=True) for g in to_load.gpus):
-        for _ in range(missing):
-            w.spawn(to_load, f"request {request.rid} for '{request.target}'")
-        protected.add(to_load.name)
-        return
-    victims = _victims(w, to_load, missing, protected)
-    if victims is None and _victims(w, to_load, missing, set()) is None:
-        _refuse_everywhere(w, to_load)
-        return
+    victims = _victims(w, to_load, count, protected)
     if claiming:
         blocked |= gpus
     if not victims:
@@ -133,15 +135,61 @@ def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wa
             for replica in w.replicas_of(victim):
                 if not replica.inflight:
                     w.kill(replica, f"evicted ({w.policy.eviction}) to load '{to_load.name}' on GPU {where}")
-    return
+
+
+def _all_busy(w: Work, names: list[str]) -> bool:
+    for name in names:
+        free, live = w.status(name)
+        if free or live < w.model(name).replicas:
+            return False
+    return True
+
+
+def _to_load(w: Work, names: list[str]) -> tuple[ModelSpec, int] | None:
+    """The first candidate that lacks replicas and could ever get one, with how many more it can have."""
+    for name in names:
+        spec = w.model(name)
+        live = len(w.live_replicas(name))
+        if live >= spec.replicas:
+            continue
+        count = _loadable(w, spec, live)
+        if count:
+            return spec, count
+    return None
+
+
+def _loadable(w: Work, spec: ModelSpec, live: int) -> int:
+    """How many replicas beyond the ``live`` ones could run beside the pinned residents (up to the total)."""
+    cap = w.policy.max_models_per_gpu
+    best = spec.replicas - live
+    for gpu in spec.gpus:
+        pinned = [
+            r
+            for r in w.replicas.values()
+            if gpu in r.gpus
+            and r.model != spec.name
+            and r.phase != STOPPING
+            and not r.draining
+            and w.spec_of(r).pinned
+        ]
+        if len({r.model for r in pinned}) + 1 > cap:
+            return 0
+        budget = w.settings.budget(gpu)
+        need = spec.need_on(gpu)
+        if budget is None or need == 0:
+            continue
+        room = budget - sum(w.spec_of(r).need_on(gpu) for r in pinned) - need * live
+        best = min(best, max(room // need, 0))
+    return best
 
 
 def _victims(w: Work, spec: ModelSpec, missing: int, protected: set[str]) -> list[str] | None:
     """Models to evict so that ``missing`` replicas of ``spec`` fit; None when it cannot be done now."""
     victims: list[str] = []
-    gone = {r.model for r in w.replicas.values() if r.phase == STOPPING} - {
-        r.model for r in w.replicas.values() if r.phase != STOPPING
-    }
+    # Replicas that are stopping, or draining (unload, reload) and so about to stop, count as gone.
+    leaving = {r.model for r in w.replicas.values() if r.phase == STOPPING or r.draining}
+    gone = leaving - {r.model for r in w.replicas.values() if r.phase != STOPPING and not r.draining}
+    pinned = {r.model for r in w.replicas.values() if w.spec_of(r).pinned}
     for gpu in spec.gpus:
         while not w.fits(spec, gpu, missing, gone | set(victims), count_stopping=False):
             choices = {
@@ -149,7 +197,7 @@ def _victims(w: Work, spec: ModelSpec, missing: int, protected: set[str]) -> lis
                 for r in w.replicas.values()
                 if gpu in r.gpus and r.phase != STOPPING and r.model != spec.name
             } - set(victims)
-            choices = {m for m in choices if not w.model(m).pinned and m not in protected}
+            choices = {m for m in choices if m not in pinned and m not in protected}
             if not choices:
                 return None
             victims.append(min(choices, key=lambda m: _victim_key(w, m)))
@@ -164,32 +212,41 @@ def _victim_key(w: Work, model: str) -> tuple[bool, float, str]:
     return (w.has_queued(model), age, model)
 
 
-def _refuse_everywhere(w: Work, spec: ModelSpec) -> None:
-    """``spec`` cannot be loaded even with every evictable model gone: refuse what waits only for it."""
-    pinned = sorted(
-        {r.model for r in w.replicas.values() if set(r.gpus) & set(spec.gpus) and w.model(r.model).pinned}
+def _unloadable_reason(w: Work, spec: ModelSpec | None) -> str:
+    """Why ``spec`` can never get a replica: pinned models fill its GPUs, or it needs more than they hold."""
+    if spec is None:
+        return "no model can serve this request"
+    where = ", ".join(map(str, spec.gpus))
+    for gpu in spec.gpus:
+        pinned = sorted(
+            {
+                r.model
+                for r in w.replicas.values()
+                if gpu in r.gpus and r.model != spec.name and r.phase != STOPPING and w.spec_of(r).pinned
+            }
+        )
+        if len(pinned) + 1 > w.policy.max_models_per_gpu:
+            return (
+                f"model '{spec.name}' cannot be loaded on GPU {where}: pinned model(s) {', '.join(pinned)} "
+                f"hold GPU {gpu} (max_models_per_gpu = {w.policy.max_models_per_gpu}); unpin them or give "
+                f"'{spec.name}' other GPUs"
+            )
+    return (
+        f"model '{spec.name}' cannot be loaded on GPU {where}: its memory need exceeds what the GPU budget "
+        "leaves beside pinned models; choose a smaller quant or context"
     )
-    reason = f"model '{spec.name}' cannot be loaded on GPU {', '.join(map(str, spec.gpus))}"
-    if pinned:
-        reason += f": pinned model(s) {', '.join(pinned)} hold it (max_models_per_gpu = "
-        reason += f"{w.policy.max_models_per_gpu}); unpin them or give '{spec.name}' other GPUs"
-    else:
-        reason += ": its memory need exceeds the GPU budget; choose a smaller quant or context"
-    fail_waiters(w, spec.name, reason, 503, "model_unavailable")
 
 
 def fail_waiters(w: Work, model: str, reason: str, status: int, code: str) -> None:
-    """Reject every queued request that only ``model`` could serve."""
-    targets = [model, *w.settings.pools_of(model)]
-    for target in targets:
-        doomed = []
+    """Reject, in arrival order, every queued request that only ``model`` could serve."""
+    doomed: list[Request] = []
+    for target in (model, *w.settings.pools_of(model)):
         for rid in w.fifo(target).live(w.is_queued):
             request = w.requests[rid]
-            names = candidates(w, target, request.tokens)
-            if names == [model] or (target == model):
+            if target == model or candidates(w, target, request.tokens) == [model]:
                 doomed.append(request)
-        for request in doomed:
-            w.reject(request, status, code, reason)
+    for request in sorted(doomed, key=lambda r: r.seq):
+        w.reject(request, status, code, reason)
 
 
 def _reap_drained(w: Work) -> None:
@@ -205,12 +262,20 @@ def _expire_idle(w: Work, wake: list[float]) -> None:
         replicas = [r for r in w.replicas_of(spec.name) if r.phase != STOPPING]
         if not replicas or any(r.inflight or r.phase == LOADING for r in replicas) or w.has_queued(spec.name):
             continue
-        due = w.last_use(spec.name) + spec.ttl
+        due = _idle_since(w, spec.name) + spec.ttl
         if due <= w.now:
             for replica in replicas:
                 w.kill(replica, f"idle for {spec.ttl:g} s (ttl)")
         else:
             wake.append(due)
+
+
+def _idle_since(w: Work, model: str) -> float:
+    """The later of the model's last use and the spawn that began its current residency."""
+    since = w.loaded_at[model] if model in w.loaded_at else w.now  # noqa: SIM401 (evolver)
+    if model in w.last_used:
+        since = max(since, w.last_used[model])
+    return since
 
 
 def _shutdown_progress(w: Work) -> None:

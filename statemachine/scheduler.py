@@ -17,18 +17,21 @@ from .commands import Command, Kill, Reject
 from .errors import IllegalEvent
 from .events import (
     ClientGone,
+    DispatchFailed,
     Event,
     LoadFailed,
     ReplicaExited,
     ReplicaReady,
     RequestArrived,
     RequestFinished,
+    SettingsChanged,
     ShutdownRequested,
     Startup,
     Tick,
     UnloadRequested,
 )
 from .passes import candidates, fail_waiters, schedule
+from .recovery import dispatch_failed
 from .state import CANCELLING, INFLIGHT, LOADING, QUEUED, READY, STOPPING, Request, State
 from .work import Work
 
@@ -62,6 +65,8 @@ def _tick(w: Work, e: Tick) -> None:
 
 
 def _startup(w: Work, e: Startup) -> None:
+    if w.shutting_down:
+        return
     for spec in sorted(w.settings.models.values(), key=lambda m: m.name):
         if not (spec.pinned or spec.load_on_startup) or spec.refusal is not None:
             continue
@@ -143,14 +148,14 @@ def _ready(w: Work, e: ReplicaReady) -> None:
     replica = w.replicas.get(e.replica)
     if replica is None or replica.phase != LOADING:
         raise IllegalEvent(f"ReplicaReady for replica {e.replica}, which is not loading")
-    w.replicas[replica.id] = attrs.evolve(replica, phase=READY)
+    w.put(attrs.evolve(replica, phase=READY))
 
 
 def _load_failed(w: Work, e: LoadFailed) -> None:
     replica = w.replicas.get(e.replica)
     if replica is None or replica.phase != LOADING:
         raise IllegalEvent(f"LoadFailed for replica {e.replica}, which is not loading")
-    w.replicas[replica.id] = attrs.evolve(replica, phase=STOPPING)
+    w.put(attrs.evolve(replica, phase=STOPPING))
     w.cmds.append(Kill(replica.id, replica.model, f"load failed: {e.reason}"))
     _after_load_failure(w, replica.model, e.reason)
 
@@ -187,7 +192,38 @@ def _unload(w: Work, e: UnloadRequested) -> None:
         if e.force or not replica.inflight:
             w.kill(replica, "unload requested" + (" (forced)" if replica.inflight else ""))
         else:
-            w.replicas[replica.id] = attrs.evolve(replica, draining=True)
+            w.put(attrs.evolve(replica, draining=True))
+
+
+def _settings_changed(w: Work, e: SettingsChanged) -> None:
+    """A reload: replicas of removed or restarted models retire (drain, stop); the new settings apply."""
+    old, new = w.settings, e.settings
+    removed = {m for m in old.models if m not in new.models}
+    moved = {
+        m
+        for m in old.models
+        if m in new.models
+        and (old.models[m].gpus, old.models[m].slots, old.models[m].need)
+        != (new.models[m].gpus, new.models[m].slots, new.models[m].need)
+    }
+    retire = removed | moved | set(e.restart)
+    for replica in list(w.replicas.values()):
+        if replica.model in retire and replica.id not in w.retired:
+            w.retired[replica.id] = w.spec_of(replica)
+    w.settings, w.policy, w.models = new, new.policy, new.model_table
+    w.memo.clear()
+    for replica in sorted(w.replicas.values(), key=lambda r: r.id):
+        if replica.id not in w.retired or replica.phase == STOPPING:
+            continue
+        if replica.inflight:
+            w.put(attrs.evolve(replica, draining=True))
+        else:
+            gone = "removed from the configuration" if replica.model in removed else "configuration changed"
+            w.kill(replica, gone)
+    for request in sorted((r for r in w.state.requests.values() if r.phase == QUEUED), key=lambda r: r.seq):
+        if request.target not in new.models and request.target not in new.pools:
+            message = f"'{request.target}' was removed from the configuration while this request waited"
+            w.reject(request, 404, "model_not_found", message)
 
 
 def _shutdown(w: Work, e: ShutdownRequested) -> None:
@@ -207,5 +243,7 @@ _RULES: dict[type, Callable[[Work, Any], None]] = {
     LoadFailed: _load_failed,
     ReplicaExited: _exited,
     UnloadRequested: _unload,
+    DispatchFailed: dispatch_failed,
+    SettingsChanged: _settings_changed,
     ShutdownRequested: _shutdown,
 }

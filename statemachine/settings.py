@@ -102,10 +102,29 @@ class Settings:
     pools: PMap[str, PoolSpec] = attrs.field(factory=pmap, converter=_pools)
     devices: PMap[int, DeviceSpec] = attrs.field(factory=pmap, converter=_devices)
     policy: Policy = attrs.field(factory=Policy)
+    # Plain-dict views for the scheduler's hot path, derived once (not part of equality or repr).
+    model_table: dict[str, ModelSpec] = attrs.field(init=False, eq=False, repr=False)
+    pool_table: dict[str, PoolSpec] = attrs.field(init=False, eq=False, repr=False)
+    budget_table: dict[int, int | None] = attrs.field(init=False, eq=False, repr=False)
+    pools_by_model: dict[str, tuple[str, ...]] = attrs.field(init=False, eq=False, repr=False)
+    targets: tuple[str, ...] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        by_model = {
+            name: tuple(p.name for p in self.pools.values() if name in p.members) for name in self.models
+        }
+        derived = {
+            "model_table": dict(self.models),
+            "pool_table": dict(self.pools),
+            "budget_table": {gpu: d.budget for gpu, d in self.devices.items()},
+            "pools_by_model": by_model,
+            "targets": (*self.models.keys(), *self.pools.keys()),
+        }
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
 
     def budget(self, gpu: int) -> int | None:
-        device = self.devices.get(gpu)
-        return None if device is None else device.budget
+        return self.budget_table.get(gpu)
 
     def pools_of(self, model: str) -> tuple[str, ...]:
-        return tuple(p.name for p in self.pools.values() if model in p.members)
+        return self.pools_by_model.get(model, ())

@@ -7,7 +7,7 @@ from pyrsistent import pmap, pset
 from pyrsistent.typing import PMap, PSet
 
 from .fifo import Fifo
-from .settings import Settings
+from .settings import ModelSpec, Settings
 
 QUEUED = "queued"
 INFLIGHT = "inflight"
@@ -52,6 +52,17 @@ class Replica:
 
 
 @attrs.frozen
+class ReplicaIndex:
+    replicas: tuple[Replica, ...]
+    settings: Settings
+    by_model: dict[str, tuple[int, ...]]
+    memo: dict[str, tuple[bool, int]]
+
+    def valid_for(self, state: State) -> bool:
+        return self.replicas is state.replicas and self.settings is state.settings
+
+
+@attrs.frozen
 class State:
     settings: Settings
     now: float = 0.0
@@ -67,6 +78,12 @@ class State:
     deadline: float | None = None
     stopped: bool = False
     wake_at: float | None = None
+    # Replicas whose model a reload removed or restarted, with the spec they were started with: they drain and
+    # stop, and count with that spec until they have exited.
+    retired: PMap[int, ModelSpec] = attrs.field(factory=pmap)
+    # A cache for step(): replicas by model and each model's (free slot?, live replicas). Trusted only for the
+    # very ``replicas`` tuple and ``settings`` it was built for; never part of equality or repr.
+    index: ReplicaIndex | None = attrs.field(default=None, eq=False, repr=False)
 
     def replica(self, rid: int) -> Replica | None:
         for r in self.replicas:
@@ -81,9 +98,12 @@ class State:
         """Models resident on ``gpu``: any replica, from Spawn until it has exited."""
         return {r.model for r in self.replicas if gpu in r.gpus}
 
+    def spec_of(self, replica: Replica) -> ModelSpec:
+        """The spec a replica runs with: the configured one, or the one it kept when a reload retired it."""
+        return self.retired.get(replica.id) or self.settings.models[replica.model]
+
     def used(self, gpu: int) -> int:
-        models = self.settings.models
-        return sum(models[r.model].need_on(gpu) for r in self.replicas if gpu in r.gpus)
+        return sum(self.spec_of(r).need_on(gpu) for r in self.replicas if gpu in r.gpus)
 
     def queued(self) -> list[Request]:
         """Waiting requests in arrival order."""

@@ -7,11 +7,25 @@ scheduling pass to it, then freezes it into the next ``State``.
 from __future__ import annotations
 
 import attrs
+from pyrsistent import pmap
 
 from .commands import CancelUpstream, Command, Dispatch, Kill, Reject, Spawn
 from .fifo import Fifo
 from .settings import ModelSpec
-from .state import CANCELLING, INFLIGHT, LOADING, QUEUED, STOPPING, Replica, Request, State
+from .state import (
+    CANCELLING,
+    INFLIGHT,
+    LOADING,
+    QUEUED,
+    READY,
+    STOPPING,
+    Replica,
+    ReplicaIndex,
+    Request,
+    State,
+)
+
+_EMPTY = Fifo()
 
 
 class Work:
@@ -21,9 +35,22 @@ class Work:
         self.policy = state.settings.policy
         self.now = state.now
         self.requests = state.requests.evolver()
-        self.queues = state.queues.evolver()
+        self.queues: dict[str, Fifo] = dict(state.queues)
         self.waiting = state.waiting
         self.replicas: dict[int, Replica] = {r.id: r for r in state.replicas}
+        self.by_model: dict[str, tuple[int, ...]]
+        self.memo: dict[str, tuple[bool, int]]
+        index = state.index
+        if index is not None and index.valid_for(state):
+            self.by_model = dict(index.by_model)
+            self.memo = dict(index.memo)
+        else:
+            by_model: dict[str, list[int]] = {}
+            for r in state.replicas:
+                by_model.setdefault(r.model, []).append(r.id)
+            self.by_model = {model: tuple(ids) for model, ids in by_model.items()}
+            self.memo = {}
+        self.models = state.settings.model_table
         self.next_replica = state.next_replica
         self.next_seq = state.next_seq
         self.last_used = state.last_used.evolver()
@@ -32,17 +59,19 @@ class Work:
         self.deadline = state.deadline
         self.stopped = state.stopped
         self.wake_at = state.wake_at
+        self.retired = state.retired.evolver()
         self.overflow: list[int] = []
         self.cmds: list[Command] = []
 
     def freeze(self) -> State:
+        replicas = tuple(self.replicas.values())
         return State(
             settings=self.settings,
             now=self.now,
             requests=self.requests.persistent(),
-            queues=self.queues.persistent(),
+            queues=pmap(self.queues),
             waiting=self.waiting,
-            replicas=tuple(self.replicas.values()),
+            replicas=replicas,
             next_replica=self.next_replica,
             next_seq=self.next_seq,
             last_used=self.last_used.persistent(),
@@ -51,6 +80,8 @@ class Work:
             deadline=self.deadline,
             stopped=self.stopped,
             wake_at=self.wake_at,
+            retired=self.retired.persistent(),
+            index=ReplicaIndex(replicas, self.settings, self.by_model, self.memo),
         )
 
     # ----------------------------------------------------------------- reading
@@ -58,38 +89,58 @@ class Work:
         return self.requests[rid] if rid in self.requests else None  # noqa: SIM401 (evolver)
 
     def fifo(self, target: str) -> Fifo:
-        return self.queues[target] if target in self.queues else Fifo()
+        return self.queues.get(target, _EMPTY)
 
     def is_queued(self, rid: int) -> bool:
         return rid in self.requests and self.requests[rid].phase == QUEUED
 
     def model(self, name: str) -> ModelSpec:
-        return self.settings.models[name]
+        return self.models[name]
+
+    def spec_of(self, replica: Replica) -> ModelSpec:
+        """The spec a replica runs with: the configured one, or the one it kept when a reload retired it."""
+        if replica.id in self.retired:
+            return self.retired[replica.id]
+        return self.models[replica.model]
 
     def replicas_of(self, model: str) -> list[Replica]:
-        return [r for r in self.replicas.values() if r.model == model]
+        """The model's replicas in id order."""
+        replicas = self.replicas
+        return [replicas[i] for i in self.by_model.get(model, ())]
 
     def live_replicas(self, model: str) -> list[Replica]:
         """Replicas that serve or will serve: loading or ready, not draining, not stopping."""
-        return [
-            r for r in self.replicas.values() if r.model == model and r.phase != STOPPING and not r.draining
-        ]
+        return [r for r in self.replicas_of(model) if r.phase != STOPPING and not r.draining]
 
     def free_replica(self, model: str) -> Replica | None:
         """The ready replica with the fewest requests in flight that has a free slot (ties: lowest id)."""
-        slots = self.model(model).slots
+        slots = self.models[model].slots
         best: Replica | None = None
-        for r in self.replicas.values():
-            if r.model != model or r.phase != "ready" or r.draining or len(r.inflight) >= slots:
-                continue
-            if best is None or len(r.inflight) < len(best.inflight):
-                best = r
+        best_load = slots
+        replicas = self.replicas
+        for i in self.by_model.get(model, ()):
+            r = replicas[i]
+            load = len(r.inflight)
+            if load < best_load and r.phase == READY and not r.draining:
+                best, best_load = r, load
         return best
 
+    def status(self, model: str) -> tuple[bool, int]:
+        """(has a ready replica with a free slot, number of live replicas), remembered until it changes."""
+        known = self.memo.get(model)
+        if known is None:
+            known = (self.free_replica(model) is not None, len(self.live_replicas(model)))
+            self.memo[model] = known
+        return known
+
+    def touched(self, model: str) -> None:
+        self.memo.pop(model, None)
+
     def has_queued(self, model: str) -> bool:
-        if self.fifo(model).count:
+        queues = self.queues
+        if model in queues and queues[model].count:
             return True
-        return any(self.fifo(pool).count for pool in self.settings.pools_of(model))
+        return any(pool in queues and queues[pool].count for pool in self.settings.pools_of(model))
 
     def last_use(self, model: str) -> float:
         if model in self.last_used:
@@ -122,6 +173,7 @@ class Work:
         self.waiting -= 1
         self.requests[request.rid] = attrs.evolve(request, phase=INFLIGHT, replica=replica.id, model=model)
         self.replicas[replica.id] = attrs.evolve(replica, inflight=replica.inflight.add(request.rid))
+        self.touched(replica.model)
         self.last_used[model] = self.now
         self.cmds.append(Dispatch(request.rid, replica.id, model))
 
@@ -137,16 +189,24 @@ class Work:
         replica = self.replicas.get(request.replica)
         if replica is not None:
             self.replicas[replica.id] = attrs.evolve(replica, inflight=replica.inflight.remove(request.rid))
+            self.touched(replica.model)
         if request.model is not None:
             self.last_used[request.model] = self.now
 
     # ------------------------------------------------------------- replicas
+    def put(self, replica: Replica) -> None:
+        """Store a changed replica (same id, same model)."""
+        self.replicas[replica.id] = replica
+        self.touched(replica.model)
+
     def spawn(self, model: ModelSpec, reason: str) -> None:
         rid = self.next_replica
         self.next_replica += 1
         self.replicas[rid] = Replica(
             id=rid, model=model.name, gpus=model.gpus, phase=LOADING, spawned_at=self.now
         )
+        self.by_model[model.name] = (*self.by_model.get(model.name, ()), rid)
+        self.touched(model.name)
         if model.name not in self.loaded_at:
             self.loaded_at[model.name] = self.now
         self.cmds.append(Spawn(rid, model.name, model.gpus, reason))
@@ -155,15 +215,21 @@ class Work:
         if replica.phase == STOPPING:
             return
         self.replicas[replica.id] = attrs.evolve(replica, phase=STOPPING, forced=bool(replica.inflight))
+        self.touched(replica.model)
         self.cmds.append(Kill(replica.id, replica.model, reason))
 
     def drop_replica(self, replica: Replica) -> None:
         del self.replicas[replica.id]
-        if (
-            not any(r.model == replica.model for r in self.replicas.values())
-            and replica.model in self.loaded_at
-        ):
-            self.loaded_at.remove(replica.model)
+        if replica.id in self.retired:
+            self.retired.remove(replica.id)
+        self.touched(replica.model)
+        ids = tuple(i for i in self.by_model[replica.model] if i != replica.id)
+        if ids:
+            self.by_model[replica.model] = ids
+        else:
+            del self.by_model[replica.model]
+            if replica.model in self.loaded_at:
+                self.loaded_at.remove(replica.model)
 
     # ------------------------------------------------------------ residency
     def fits(self, model: ModelSpec, gpu: int, extra: int, gone: set[str], count_stopping: bool) -> bool:
@@ -174,7 +240,7 @@ class Work:
             if gpu not in r.gpus or r.model in gone or (r.phase == STOPPING and not count_stopping):
                 continue
             residents.add(r.model)
-            used += self.model(r.model).need_on(gpu)
+            used += self.spec_of(r).need_on(gpu)
         if len(residents) > self.policy.max_models_per_gpu:
             return False
         budget = self.settings.budget(gpu)
