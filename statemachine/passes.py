@@ -170,7 +170,7 @@ def _loadable(w: Work, spec: ModelSpec, live: int) -> int:
             and r.model != spec.name
             and r.phase != STOPPING
             and not r.draining
-            and w.spec_of(r).pinned
+            and w.is_pinned(r.model)
         ]
         if len({r.model for r in pinned}) + 1 > cap:
             return 0
@@ -189,7 +189,6 @@ def _victims(w: Work, spec: ModelSpec, missing: int, protected: set[str]) -> lis
     # Replicas that are stopping, or draining (unload, reload) and so about to stop, count as gone.
     leaving = {r.model for r in w.replicas.values() if r.phase == STOPPING or r.draining}
     gone = leaving - {r.model for r in w.replicas.values() if r.phase != STOPPING and not r.draining}
-    pinned = {r.model for r in w.replicas.values() if w.spec_of(r).pinned}
     for gpu in spec.gpus:
         while not w.fits(spec, gpu, missing, gone | set(victims), count_stopping=False):
             choices = {
@@ -197,7 +196,7 @@ def _victims(w: Work, spec: ModelSpec, missing: int, protected: set[str]) -> lis
                 for r in w.replicas.values()
                 if gpu in r.gpus and r.phase != STOPPING and r.model != spec.name
             } - set(victims)
-            choices = {m for m in choices if m not in pinned and m not in protected}
+            choices = {m for m in choices if not w.is_pinned(m) and m not in protected}
             if not choices:
                 return None
             victims.append(min(choices, key=lambda m: _victim_key(w, m)))
@@ -222,7 +221,7 @@ def _unloadable_reason(w: Work, spec: ModelSpec | None) -> str:
             {
                 r.model
                 for r in w.replicas.values()
-                if gpu in r.gpus and r.model != spec.name and r.phase != STOPPING and w.spec_of(r).pinned
+                if gpu in r.gpus and r.model != spec.name and r.phase != STOPPING and w.is_pinned(r.model)
             }
         )
         if len(pinned) + 1 > w.policy.max_models_per_gpu:

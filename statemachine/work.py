@@ -103,6 +103,11 @@ class Work:
             return self.retired[replica.id]
         return self.models[replica.model]
 
+    def is_pinned(self, model: str) -> bool:
+        """Pinned in the current configuration (a model a reload removed is not)."""
+        spec = self.models.get(model)
+        return spec is not None and spec.pinned
+
     def replicas_of(self, model: str) -> list[Replica]:
         """The model's replicas in id order."""
         replicas = self.replicas

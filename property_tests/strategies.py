@@ -1,0 +1,60 @@
+"""Hypothesis strategies for scheduler settings: small clusters where models collide on GPUs."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from statemachine import DeviceSpec, ModelSpec, Policy, PoolSpec, Settings
+
+UNKNOWN_TARGET = "ghost"
+CTX_CHOICES = (None, 64, 256, 1024)
+TOKEN_CHOICES = (None, 1, 50, 200, 500, 2000)
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> Policy:
+    return Policy(
+        max_models_per_gpu=draw(st.sampled_from((1, 1, 1, 2, 3))),
+        eviction=draw(st.sampled_from(("lru", "fifo"))),
+        queue_head_grace=draw(st.sampled_from((0.0, 0.0, 0.5, 3.0))),
+        queue_force_load_timeout=draw(st.sampled_from((300.0, 300.0, 1.0))),
+        queue_limit=draw(st.sampled_from((1000, 1000, 5, 2, 1, 0))),
+        routing_queue_limit=draw(st.sampled_from((32, 3, 1, 0))),
+    )
+
+
+@st.composite
+def models(draw: st.DrawFn, index: int, gpus: list[int]) -> ModelSpec:
+    chosen = draw(st.sets(st.sampled_from(gpus), min_size=1, max_size=min(2, len(gpus))))
+    placed = tuple(sorted(chosen))
+    need = {}
+    for gpu in placed:
+        if draw(st.booleans()):  # otherwise the need on this GPU is unknown
+            need[gpu] = draw(st.sampled_from((20, 40, 60, 90)))
+    return ModelSpec(
+        name=f"m{index}",
+        gpus=placed,
+        replicas=draw(st.integers(1, 2)),
+        slots=draw(st.integers(1, 3)),
+        ctx_per_slot=draw(st.sampled_from(CTX_CHOICES)),
+        need=need,
+        pinned=draw(st.integers(0, 5)) == 0,
+        ttl=draw(st.sampled_from((None, None, 2.0, 10.0))),
+        load_on_startup=draw(st.integers(0, 4)) == 0,
+        refusal="placement: does not fit its GPUs" if draw(st.integers(0, 9)) == 0 else None,
+    )
+
+
+@st.composite
+def scheduler_settings(draw: st.DrawFn) -> Settings:
+    """1–4 GPUs (some with budgets), 1–5 models on overlapping GPU sets, 0–2 pools, a random policy."""
+    gpu_count = draw(st.sampled_from((1, 1, 2, 2, 3, 4)))
+    gpus = list(range(gpu_count))
+    devices = [DeviceSpec(g, draw(st.sampled_from((None, 100, 150, 200)))) for g in gpus]
+    model_specs = [draw(models(i, gpus)) for i in range(draw(st.integers(1, 5)))]
+    names = [m.name for m in model_specs]
+    pools = []
+    for i in range(draw(st.integers(0, 2))):
+        members = draw(st.lists(st.sampled_from(names), min_size=min(2, len(names)), max_size=3, unique=True))
+        pools.append(PoolSpec(f"p{i}", tuple(members), fallback=draw(st.booleans())))
+    return Settings(models=model_specs, pools=pools, devices=devices, policy=draw(policies()))

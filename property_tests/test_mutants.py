@@ -1,0 +1,126 @@
+"""The property tests can fail: deliberately broken schedulers are caught, each by the property it breaks.
+
+Each mutant replaces one fragment of a statemachine module's source, runs the modified module in place of the
+original for the length of one test (functions are rebound; classes keep their identity and get the modified
+methods), and expects ``SchedulerMachine`` to fail with the named id. When a fragment no longer occurs in the
+source, the test fails and says which mutant to update.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from .test_scheduler_machine import SchedulerMachine
+
+# (module, original fragment, broken fragment, the ids that may catch it)
+MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
+    "dispatch ignores held GPUs": (
+        "passes",
+        "        if blocked.intersection(spec.gpus):\n            continue\n",
+        "",
+        ("INV-ORDER",),
+    ),
+    "a claim holds no GPUs": (
+        "passes",
+        "    if claiming:\n        blocked |= gpus\n    if not victims:",
+        "    if not victims:",
+        ("INV-ORDER",),
+    ),
+    "dispatch to the busiest replica": (
+        "work",
+        "if load < best_load and r.phase == READY and not r.draining:",
+        "if (best is None or load > len(best.inflight)) and load < slots "
+        "and r.phase == READY and not r.draining:",
+        ("INV-LEAST-LOADED",),
+    ),
+    "evict busy replicas": (
+        "passes",
+        "                if not replica.inflight:\n                    w.kill(",
+        "                if True:\n                    w.kill(",
+        ("INV-KILL-IDLE",),
+    ),
+    "dispatch forgets to refresh the cache": (
+        "work",
+        "inflight=replica.inflight.add(request.rid))\n        self.touched(replica.model)",
+        "inflight=replica.inflight.add(request.rid))",
+        ("INV-INDEX",),
+    ),
+    "pools try their last member first": (
+        "passes",
+        "    for name in names:\n        spec = w.model(name)\n        if blocked",
+        "    for name in reversed(names):\n        spec = w.model(name)\n        if blocked",
+        ("INV-POOL-PRIORITY",),
+    ),
+    "a reload keeps idle retired replicas": (
+        "scheduler",
+        "            w.kill(replica, gone)\n",
+        "            pass\n",
+        ("INV-RELOAD", "INV-UNLOAD"),
+    ),
+    "a reload keeps waiters of removed models": (
+        "scheduler",
+        '            w.reject(request, 404, "model_not_found", message)\n',
+        "            pass\n",
+        ("INV-RELOAD",),
+    ),
+    "load failure keeps the waiters": (
+        "scheduler",
+        "    if w.live_replicas(model):\n        return\n    fail_waiters(",
+        "    return\n    fail_waiters(",
+        ("INV-LOAD-FAILURE",),
+    ),
+}
+
+
+@contextmanager
+def mutated(module_name: str, original: str, broken: str) -> Iterator[None]:
+    module = importlib.import_module(f"statemachine.{module_name}")
+    assert module.__file__ is not None
+    with open(module.__file__) as f:
+        source = f.read()
+    assert original in source, f"mutant no longer applies to statemachine/{module_name}.py: {original!r}"
+    saved = dict(vars(module))
+    classes = {k: v for k, v in saved.items() if isinstance(v, type) and v.__module__ == module.__name__}
+    methods = {cls: dict(vars(cls)) for cls in classes.values()}
+    try:
+        exec(compile(source.replace(original, broken), module.__file__, "exec"), vars(module))
+        for name, cls in classes.items():
+            for attr, value in vars(vars(module)[name]).items():
+                if callable(value):
+                    setattr(cls, attr, value)
+            vars(module)[name] = cls
+        yield
+    finally:
+        for cls, attrs in methods.items():
+            for attr in [a for a in vars(cls) if a not in attrs]:
+                delattr(cls, attr)
+            for attr, value in attrs.items():
+                if callable(value):
+                    setattr(cls, attr, value)
+        vars(module).clear()
+        vars(module).update(saved)
+
+
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_a_broken_scheduler_is_caught(name: str) -> None:
+    # checks: INV-ORDER INV-LEAST-LOADED INV-KILL-IDLE INV-INDEX INV-LOAD-FAILURE INV-POOL-PRIORITY INV-RELOAD
+    module_name, original, broken, ids = MUTANTS[name]
+    search = settings(
+        max_examples=1000,
+        stateful_step_count=50,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    with mutated(module_name, original, broken), pytest.raises(AssertionError) as caught:
+        run_state_machine_as_test(SchedulerMachine, settings=search)
+    message = str(caught.value)
+    assert any(i in message for i in ids), f"{name} was caught, but not by {ids}: {message[:400]}"

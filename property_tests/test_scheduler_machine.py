@@ -1,0 +1,390 @@
+"""The scheduler under random interleavings of every event type, checked after every step.
+
+``SchedulerMachine`` plays the router shell: it draws settings, then feeds ``step()`` events that are legal
+in the environment's view (``World``) — arrivals for models, pools and unknown names, client disconnects,
+finishes, loads that succeed or fail, kills that complete, crashes, unloads, shutdown, startup and time.
+After every step the invariants below check the new state (``statemachine.check``) and the commands of the
+step against the spec's trace properties. A failure prints the settings and the plain event list that
+reproduces it (see property_tests/README.md).
+"""
+
+from __future__ import annotations
+
+import attrs
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from statemachine import (
+    ClientGone,
+    Command,
+    DispatchFailed,
+    Event,
+    IllegalEvent,
+    LoadFailed,
+    ReplicaExited,
+    ReplicaReady,
+    RequestArrived,
+    RequestFinished,
+    Settings,
+    SettingsChanged,
+    ShutdownRequested,
+    Startup,
+    State,
+    Tick,
+    UnloadRequested,
+    check,
+    initial_state,
+    run,
+    step,
+)
+
+from .profiles import machine_settings
+from .replay import replay_banner
+from .strategies import TOKEN_CHOICES, UNKNOWN_TARGET, models, scheduler_settings
+from .world import CLOSING, RUNNING, WAITING, Findings, World
+
+DT_CHOICES = (0.0, 0.1, 0.5, 1.0, 3.0, 10.0)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.settings: Settings | None = None  # the initial settings; a reload changes self.w.settings
+        self.added = 0
+        self.state: State | None = None
+        self.world: World | None = None
+        self.events: list[Event] = []
+        self.commands: list[Command] = []
+        self.findings: Findings = {}
+        self.next_rid = 1
+
+    # ------------------------------------------------------------------------------------ plumbing
+    @initialize(settings=scheduler_settings())
+    def setup(self, settings: Settings) -> None:
+        self.settings = settings
+        self.state = initial_state(settings)
+        self.world = World(settings)
+
+    @property
+    def w(self) -> World:
+        assert self.world is not None
+        return self.world
+
+    def replay(self) -> str:
+        assert self.settings is not None
+        return replay_banner(self.settings, self.events)
+
+    def feed(self, event: Event) -> tuple[Command, ...]:
+        """One step, as the shell does it; the environment's view follows the commands."""
+        assert self.state is not None
+        self.events.append(event)
+        try:
+            state, commands = step(self.state, event)
+        except IllegalEvent as exc:
+            raise AssertionError(f"a legal event was refused: {exc}{self.replay()}") from exc
+        except Exception as exc:
+            raise AssertionError(f"step() raised {exc!r}{self.replay()}") from exc
+        for inv, messages in self.w.apply(event, commands, state).items():
+            self.findings.setdefault(inv, []).extend(messages)
+        self.state = state
+        self.commands.extend(commands)
+        return commands
+
+    def expect(self, *ids: str) -> None:
+        """Fail on the findings filed under ``ids`` since they were last looked at (then forget them)."""
+        problems = [f"{inv}: {message}" for inv in ids for message in self.findings.pop(inv, [])]
+        if problems:
+            raise AssertionError("\n".join(problems) + self.replay())
+
+    def pick(self, data: st.DataObject, options: list[int]) -> int:
+        return data.draw(st.sampled_from(options))
+
+    def check_everything(self) -> None:
+        """Every invariant at once (used by the environments that run outside the rules)."""
+        self.inv_state()
+        for name in dir(self):
+            if name.startswith("inv_") and name != "inv_state":
+                getattr(self, name)()
+
+    def targets(self) -> list[str]:
+        current = self.w.settings
+        return [*sorted(current.models), *sorted(current.pools), UNKNOWN_TARGET]
+
+    # --------------------------------------------------------------------------------------- rules
+    @rule(dt=st.sampled_from(DT_CHOICES))
+    def tick(self, dt: float) -> None:
+        self.feed(Tick(self.w.now + dt))
+
+    @precondition(
+        lambda self: self.world is not None and self.w.wake is not None and self.w.wake > self.w.now
+    )
+    @rule()
+    def tick_to_wake(self) -> None:
+        assert self.w.wake is not None
+        self.feed(Tick(self.w.wake))
+
+    @rule(data=st.data(), tokens=st.sampled_from(TOKEN_CHOICES))
+    def arrive(self, data: st.DataObject, tokens: int | None) -> None:
+        target = data.draw(st.sampled_from(self.targets()))
+        self.feed(RequestArrived(self.next_rid, target, tokens))
+        self.next_rid += 1
+
+    @rule(data=st.data(), count=st.integers(1, 4))
+    def arrive_burst(self, data: st.DataObject, count: int) -> None:
+        """Several requests for models and pools in a row (no time passes between them)."""
+        current = self.w.settings
+        names = [*sorted(current.models), *sorted(current.pools)]
+        for target in data.draw(st.lists(st.sampled_from(names), min_size=count, max_size=count)):
+            self.feed(RequestArrived(self.next_rid, target, None))
+            self.next_rid += 1
+
+    @precondition(lambda self: self.world is not None and bool(self.w.settings.pools))
+    @rule(data=st.data(), count=st.integers(1, 3), warm=st.booleans())
+    def arrive_pool(self, data: st.DataObject, count: int, warm: bool) -> None:
+        """Requests for one pool; with ``warm``, first one request for each of its members."""
+        pools = self.w.settings.pools
+        pool = pools[data.draw(st.sampled_from(sorted(pools)))]
+        targets = [*pool.members] if warm else []
+        for target in [*targets, *[pool.name] * count]:
+            self.feed(RequestArrived(self.next_rid, target, None))
+            self.next_rid += 1
+
+    @precondition(lambda self: self.world is not None and bool(self.w.outstanding(WAITING, RUNNING)))
+    @rule(data=st.data())
+    def client_gone(self, data: st.DataObject) -> None:
+        self.feed(ClientGone(self.pick(data, self.w.outstanding(WAITING, RUNNING))))
+
+    @precondition(lambda self: self.world is not None and bool(self.w.outstanding(RUNNING, CLOSING)))
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        self.feed(RequestFinished(self.pick(data, self.w.outstanding(RUNNING, CLOSING))))
+
+    @precondition(lambda self: self.world is not None and bool(self.w.replicas_where(lambda r: r.loading)))
+    @rule(data=st.data())
+    def ready(self, data: st.DataObject) -> None:
+        self.feed(ReplicaReady(self.pick(data, self.w.replicas_where(lambda r: r.loading))))
+
+    @precondition(lambda self: self.world is not None and bool(self.w.outstanding(RUNNING)))
+    @rule(data=st.data())
+    def dispatch_failed(self, data: st.DataObject) -> None:
+        """The shell could not reach the replica a request went to (connection refused)."""
+        self.feed(DispatchFailed(self.pick(data, self.w.outstanding(RUNNING)), "connection refused"))
+
+    @precondition(lambda self: self.world is not None and bool(self.w.replicas_where(lambda r: r.loading)))
+    @rule()
+    def ready_all(self) -> None:
+        """Every loading replica becomes ready, one event each."""
+        for replica in self.w.replicas_where(lambda r: r.loading):
+            if self.w.replicas[replica].loading:
+                self.feed(ReplicaReady(replica))
+
+    @precondition(lambda self: self.world is not None and bool(self.w.replicas_where(lambda r: r.loading)))
+    @rule(data=st.data())
+    def load_failed(self, data: st.DataObject) -> None:
+        self.feed(LoadFailed(self.pick(data, self.w.replicas_where(lambda r: r.loading)), "no /health"))
+
+    @precondition(lambda self: self.world is not None and bool(self.w.replicas_where(lambda r: r.killed)))
+    @rule(data=st.data())
+    def exit_after_kill(self, data: st.DataObject) -> None:
+        self.feed(ReplicaExited(self.pick(data, self.w.replicas_where(lambda r: r.killed)), "killed"))
+
+    @precondition(lambda self: self.world is not None and bool(self.w.replicas_where(lambda r: not r.killed)))
+    @rule(data=st.data())
+    def crash(self, data: st.DataObject) -> None:
+        self.feed(ReplicaExited(self.pick(data, self.w.replicas_where(lambda r: not r.killed)), "crashed"))
+
+    @rule(data=st.data(), force=st.booleans())
+    def unload(self, data: st.DataObject, force: bool) -> None:
+        model = data.draw(st.sampled_from([None, *sorted(self.w.settings.models)]))
+        self.feed(UnloadRequested(model, force))
+
+    @precondition(lambda self: self.world is not None and not self.w.shutting_down and len(self.events) >= 25)
+    @rule(delay=st.sampled_from((0.0, 1.0, 5.0)))
+    def shutdown(self, delay: float) -> None:
+        self.feed(ShutdownRequested(self.w.now + delay))
+
+    @rule()
+    def startup(self) -> None:
+        self.feed(Startup())
+
+    @precondition(lambda self: self.world is not None)
+    @rule(data=st.data(), add=st.booleans())
+    def reconfigure(self, data: st.DataObject, add: bool) -> None:
+        """A reload: models kept, removed, resized (restarted) or retuned (kept running); maybe one added."""
+        old = self.w.settings
+        specs, restart = [], set()
+        for name in sorted(old.models):
+            spec = old.models[name]
+            change = data.draw(st.sampled_from(("keep", "keep", "remove", "resize", "retune")))
+            if change == "remove":
+                restart.add(name)
+                continue
+            if change == "resize":
+                spec = attrs.evolve(spec, slots=spec.slots % 3 + 1)
+                restart.add(name)
+            elif change == "retune":
+                spec = attrs.evolve(spec, pinned=not spec.pinned, ttl=None if spec.ttl else 2.0)
+            specs.append(spec)
+        if add or not specs:
+            gpus = sorted(old.devices) or [0]
+            self.added += 1
+            specs.append(data.draw(models(100 + self.added, gpus)))
+        names = {s.name for s in specs}
+        pools = []
+        for pool in old.pools.values():
+            members = tuple(m for m in pool.members if m in names)
+            if members:
+                pools.append(attrs.evolve(pool, members=members))
+        new = Settings(models=specs, pools=pools, devices=old.devices, policy=old.policy)
+        self.feed(SettingsChanged(new, frozenset(restart)))
+
+    @precondition(lambda self: self.world is not None)
+    @rule(data=st.data())
+    def illegal_event(self, data: st.DataObject) -> None:
+        """Events that cannot happen now raise IllegalEvent and leave the state as it was."""
+        # checks: INV-ILLEGAL
+        w = self.w
+        fresh = max(w.spawned_ids, default=0) + 1
+        options: list[Event] = [
+            Tick(w.now - 1.0),
+            ReplicaReady(fresh),
+            LoadFailed(fresh, "x"),
+            ReplicaExited(fresh, "x"),
+            RequestFinished(self.next_rid),
+            ClientGone(self.next_rid),
+            UnloadRequested(UNKNOWN_TARGET),
+        ]
+        options += [RequestFinished(rid) for rid in w.outstanding(WAITING)]
+        options += [RequestArrived(rid, UNKNOWN_TARGET) for rid in w.outstanding(WAITING, RUNNING)]
+        options += [ClientGone(rid) for rid in w.outstanding(CLOSING)]
+        options += [ReplicaReady(r) for r in w.replicas_where(lambda r: not r.loading)]
+        options += [LoadFailed(r, "x") for r in w.replicas_where(lambda r: not r.loading)]
+        event = data.draw(st.sampled_from(options))
+        before = repr(self.state)
+        assert self.state is not None
+        try:
+            step(self.state, event)
+        except IllegalEvent:
+            pass
+        else:
+            raise AssertionError(f"INV-ILLEGAL: {event} was accepted{self.replay()}")
+        if repr(self.state) != before:
+            raise AssertionError(f"INV-ILLEGAL: {event} changed the state{self.replay()}")
+
+    def deliver(self, event: Event) -> None:
+        """One step outside the rules: feed it and run every invariant at once."""
+        self.feed(event)
+        self.check_everything()
+
+    def fair_round(self, finish: bool = True) -> bool:
+        """One round of the fair environment; ``finish=False``: requests never finish.
+
+        Returns False when nothing was pending and no wake was due.
+        """
+        w = self.w
+        running = w.outstanding(RUNNING, CLOSING) if finish else []
+        killed = w.replicas_where(lambda r: r.killed)
+        loading = w.replicas_where(lambda r: r.loading)
+        for rid in running:
+            if w.requests[rid].status in (RUNNING, CLOSING):
+                self.deliver(RequestFinished(rid))
+        for replica in killed:
+            if replica in w.replicas:
+                self.deliver(ReplicaExited(replica, "killed"))
+        for replica in loading:
+            if replica in w.replicas and w.replicas[replica].loading:
+                self.deliver(ReplicaReady(replica))
+        if running or killed or loading:
+            return True
+        if w.wake is not None and w.wake > w.now:
+            self.deliver(Tick(w.wake))
+            return True
+        return False
+
+    @precondition(lambda self: self.world is not None)
+    @rule()
+    def catch_up(self) -> None:
+        """The environment catches up: one fair round (finishes, exits, loads; else a tick to the wake)."""
+        self.fair_round()
+
+    # ---------------------------------------------------------------------------------- invariants
+    @invariant()
+    def inv_state(self) -> None:
+        """Every state invariant of statemachine/invariants.py holds after every step."""
+        # checks: INV-CAP INV-BUDGET INV-IDS INV-SLOTS INV-READY INV-KILL-IDLE INV-GPUS
+        # checks: INV-REQUEST-HOME INV-QUEUE INV-SHUTDOWN INV-INDEX INV-RETIRED
+        if self.state is None:
+            return
+        try:
+            check(self.state)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}{self.replay()}") from exc
+
+    @invariant()
+    def inv_capacity(self) -> None:
+        """Residency and slots, recounted from Spawn/Exited/Dispatch alone."""
+        # checks: INV-CAP INV-BUDGET INV-SLOTS
+        self.expect("INV-CAP", "INV-BUDGET", "INV-SLOTS")
+
+    @invariant()
+    def inv_conservation(self) -> None:
+        # checks: INV-CONSERVATION
+        self.expect("INV-CONSERVATION")
+
+    @invariant()
+    def inv_no_double_dispatch(self) -> None:
+        # checks: INV-NO-DOUBLE-DISPATCH INV-REDISPATCH
+        self.expect("INV-NO-DOUBLE-DISPATCH", "INV-REDISPATCH")
+
+    @invariant()
+    def inv_dispatch_ready(self) -> None:
+        # checks: INV-DISPATCH-READY INV-LEAST-LOADED
+        self.expect("INV-DISPATCH-READY", "INV-LEAST-LOADED")
+
+    @invariant()
+    def inv_kill_idle(self) -> None:
+        # checks: INV-KILL-IDLE INV-UNLOAD
+        self.expect("INV-KILL-IDLE", "INV-UNLOAD")
+
+    @invariant()
+    def inv_order(self) -> None:
+        # checks: INV-ORDER
+        self.expect("INV-ORDER")
+
+    @invariant()
+    def inv_pool_priority(self) -> None:
+        # checks: INV-POOL-PRIORITY
+        self.expect("INV-POOL-PRIORITY")
+
+    @invariant()
+    def inv_admission(self) -> None:
+        # checks: INV-ADMISSION INV-LIMITS
+        self.expect("INV-ADMISSION", "INV-LIMITS")
+
+    @invariant()
+    def inv_lifecycle(self) -> None:
+        # checks: INV-CANCEL INV-LOAD-FAILURE INV-WAKE INV-IDS INV-GPUS
+        self.expect("INV-CANCEL", "INV-LOAD-FAILURE", "INV-WAKE", "INV-IDS", "INV-GPUS")
+
+    @invariant()
+    def inv_reload(self) -> None:
+        # checks: INV-RELOAD
+        self.expect("INV-RELOAD")
+
+    @invariant()
+    def inv_shutdown(self) -> None:
+        # checks: INV-SHUTDOWN
+        self.expect("INV-SHUTDOWN")
+
+    def teardown(self) -> None:
+        """Replaying the recorded events from the initial state yields the same commands and state."""
+        # checks: INV-DETERMINISM
+        if self.settings is None or self.state is None:
+            return
+        final, commands = run(initial_state(self.settings), self.events)
+        if commands != self.commands or final != self.state:
+            raise AssertionError(f"INV-DETERMINISM: a replay diverged{self.replay()}")
+
+
+TestSchedulerMachine = SchedulerMachine.TestCase
+TestSchedulerMachine.settings = machine_settings()

@@ -1,0 +1,644 @@
+"""The environment's view of the scheduler, rebuilt only from the events fed in and the commands out.
+
+``World.apply(event, commands, state)`` replays one step as the router shell would see it: which replicas
+were spawned, readied, killed and exited, which requests wait, run, finished or were turned away. While it
+walks the commands it checks the trace properties of spec/scheduler.md and files every violation under its
+spec id in the returned ``Findings``. It never calls into the scheduler's own helpers: the rules it checks
+are written here again, from the spec.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import attrs
+
+from statemachine import (
+    CancelUpstream,
+    ClientGone,
+    Command,
+    Dispatch,
+    DispatchFailed,
+    Event,
+    Kill,
+    LoadFailed,
+    ModelSpec,
+    Reject,
+    ReplicaExited,
+    ReplicaReady,
+    RequestArrived,
+    RequestFinished,
+    Settings,
+    SettingsChanged,
+    ShutdownRequested,
+    Spawn,
+    State,
+    Stopped,
+    Tick,
+    UnloadRequested,
+    WakeAt,
+)
+from statemachine.state import CANCELLING, INFLIGHT, QUEUED
+
+WAITING = "waiting"
+RUNNING = "running"
+CLOSING = "closing"  # the client left while running; the slot is held until RequestFinished
+ORPHANED = "orphaned"  # its replica exited during this step; a Reject must follow
+TERMINAL = ("finished", "rejected", "left", "closed")
+
+_SPAWN_FOR = re.compile(r"^request (\d+) for ")
+
+Findings = dict[str, list[str]]
+
+
+@attrs.define
+class ReplicaView:
+    id: int
+    model: str
+    gpus: tuple[int, ...]
+    spec: ModelSpec  # the configured spec, or the one it keeps after a reload retired it
+    ready: bool = False
+    retired: bool = False
+    killed: bool = False
+    draining: bool = False
+    inflight: set[int] = attrs.Factory(set)
+
+    @property
+    def loading(self) -> bool:
+        return not self.ready and not self.killed
+
+    @property
+    def live(self) -> bool:
+        """Serves or will serve: not killed, not draining."""
+        return not self.killed and not self.draining
+
+
+@attrs.define
+class RequestView:
+    rid: int
+    target: str
+    tokens: int | None
+    arrived: float
+    order: int
+    status: str = WAITING
+    replica: int | None = None
+    outcome: str | None = None
+    put_back: bool = False  # waiting again after a DispatchFailed
+
+
+def eligible(settings: Settings, target: str, tokens: int | None) -> list[str]:
+    """The models that may serve a request for ``target``, in priority order (pools, context, refusal)."""
+    pool = settings.pools.get(target)
+    if pool is None:
+        names = [target] if target in settings.models else []
+    else:
+        names = list(pool.members) if pool.fallback else list(pool.members[:1])
+    out = []
+    for name in names:
+        spec = settings.models[name]
+        if spec.refusal is not None:
+            continue
+        if tokens is not None and spec.ctx_per_slot is not None and tokens > spec.ctx_per_slot:
+            continue
+        out.append(name)
+    return out
+
+
+@attrs.define
+class World:
+    settings: Settings
+    now: float = 0.0
+    replicas: dict[int, ReplicaView] = attrs.Factory(dict)
+    requests: dict[int, RequestView] = attrs.Factory(dict)
+    arrivals: int = 0
+    shutting_down: bool = False
+    deadline: float | None = None
+    stopped: bool = False
+    wake: float | None = None
+    dispatched: set[int] = attrs.Factory(set)
+    spawned_ids: set[int] = attrs.Factory(set)
+
+    # --------------------------------------------------------------------------------------- queries
+    def waiting(self) -> list[RequestView]:
+        return sorted((r for r in self.requests.values() if r.status == WAITING), key=lambda r: r.order)
+
+    def outstanding(self, *statuses: str) -> list[int]:
+        return sorted(r.rid for r in self.requests.values() if r.status in statuses)
+
+    def replicas_where(self, pred: object) -> list[int]:
+        return sorted(r.id for r in self.replicas.values() if pred(r))  # type: ignore[operator]
+
+    def of_model(self, model: str) -> list[ReplicaView]:
+        return [r for r in self.replicas.values() if r.model == model]
+
+    def live_count(self, model: str) -> int:
+        return sum(1 for r in self.of_model(model) if r.live)
+
+    def residents(self, gpu: int) -> set[str]:
+        return {r.model for r in self.replicas.values() if gpu in r.gpus}
+
+    def used(self, gpu: int) -> int:
+        return sum(r.spec.need_on(gpu) for r in self.replicas.values() if gpu in r.gpus)
+
+    def fits_one(self, model: str) -> bool:
+        """Would one more replica of ``model`` fit beside everything resident now (cap and budget)?"""
+        spec = self.settings.models[model]
+        cap = self.settings.policy.max_models_per_gpu
+        for gpu in spec.gpus:
+            if len(self.residents(gpu) | {model}) > cap:
+                return False
+            budget = self.settings.budget(gpu)
+            if budget is not None and self.used(gpu) + spec.need_on(gpu) > budget:
+                return False
+        return True
+
+    def could_ever_add(self, model: str) -> bool:
+        """Could one more replica of ``model`` run beside the pinned residents that stay (cap and budget)?"""
+        spec = self.settings.models[model]
+        cap = self.settings.policy.max_models_per_gpu
+        live = self.live_count(model)
+        for gpu in spec.gpus:
+            pinned = [
+                r
+                for r in self.replicas.values()
+                if gpu in r.gpus and r.model != model and r.live and r.spec.pinned
+            ]
+            if len({r.model for r in pinned}) + 1 > cap:
+                return False
+            budget = self.settings.budget(gpu)
+            need = sum(r.spec.need_on(gpu) for r in pinned)
+            if budget is not None and need + spec.need_on(gpu) * (live + 1) > budget:
+                return False
+        return True
+
+    def load_target(self, request: RequestView) -> str | None:
+        """The candidate the scheduler loads for ``request``: first lacking replicas that could get one."""
+        for name in eligible(self.settings, request.target, request.tokens):
+            if self.live_count(name) < self.settings.models[name].replicas and self.could_ever_add(name):
+                return name
+        return None
+
+    def claimed(self, request: RequestView) -> bool:
+        return self.now >= request.arrived + self.settings.policy.claim_after
+
+    def free_replicas(self, model: str) -> list[ReplicaView]:
+        slots = self.settings.models[model].slots
+        return [
+            r
+            for r in self.of_model(model)
+            if r.ready and not r.killed and not r.draining and len(r.inflight) < slots
+        ]
+
+    # ----------------------------------------------------------------------------------------- apply
+    def apply(self, event: Event, commands: tuple[Command, ...], state: State) -> Findings:
+        """Account for one step; return the violations found, keyed by spec id."""
+        return _Step(self, event, commands, state).run()
+
+
+class _Step:
+    """The checks of one step, in the order the commands came out."""
+
+    def __init__(self, world: World, event: Event, commands: tuple[Command, ...], state: State) -> None:
+        self.w = world
+        self.s = world.settings
+        self.event = event
+        self.commands = commands
+        self.state = state
+        self.found: Findings = defaultdict(list)
+        self.arrival: RequestView | None = None
+        self.arrival_over_limit = False
+        self.cancel_expected: tuple[int, int] | None = None
+        self.kill_expected: int | None = None
+        self.load_failure: tuple[str, list[int]] | None = None
+        self.unloading: list[int] = []
+        self.retiring: list[int] = []
+        self.refused: int | None = None
+        self.put_back_gone = False
+        self.vanished: list[int] = []
+        self.dispatches: list[tuple[RequestView, str]] = []
+        self.spawns: list[tuple[int, str]] = []
+
+    def fail(self, inv: str, message: str) -> None:
+        self.found[inv].append(message)
+
+    def run(self) -> Findings:
+        self.before_commands()
+        for command in self.commands:
+            self.command(command)
+        self.after_commands()
+        return dict(self.found)
+
+    # ------------------------------------------------------------------------------- the event itself
+    def before_commands(self) -> None:
+        w, e = self.w, self.event
+        if isinstance(e, Tick):
+            w.now = e.now
+        elif isinstance(e, RequestArrived):
+            w.arrivals += 1
+            request = RequestView(e.rid, e.target, e.tokens, w.now, w.arrivals)
+            pool = self.s.pools.get(e.target)
+            waiting = w.waiting()
+            self.arrival_over_limit = len(waiting) >= self.s.policy.queue_limit or (
+                pool is not None
+                and sum(1 for r in waiting if r.target == pool.name) >= self.s.policy.routing_queue_limit
+            )
+            w.requests[e.rid] = request
+            self.arrival = request
+        elif isinstance(e, ClientGone):
+            request = w.requests[e.rid]
+            if request.status == WAITING:
+                self.end(request, "left")
+            else:
+                assert request.replica is not None
+                request.status = CLOSING
+                self.cancel_expected = (e.rid, request.replica)
+        elif isinstance(e, RequestFinished):
+            request = w.requests[e.rid]
+            self.free_slot(request)
+            self.end(request, "closed" if request.status == CLOSING else "finished")
+        elif isinstance(e, DispatchFailed):
+            request = w.requests[e.rid]
+            replica = w.replicas[request.replica] if request.replica is not None else None
+            self.free_slot(request)
+            request.status, request.replica, request.put_back = WAITING, None, True
+            w.dispatched.discard(e.rid)  # nothing reached the replica: it may be dispatched again
+            # It cannot wait when stopping, or when a reload left nothing that could serve it.
+            self.put_back_gone = w.shutting_down or not eligible(self.s, request.target, request.tokens)
+            if replica is not None and not replica.killed:
+                replica.draining = True  # it takes no new work from now on
+            self.refused = e.rid
+        elif isinstance(e, ReplicaReady):
+            w.replicas[e.replica].ready = True
+        elif isinstance(e, LoadFailed):
+            replica = w.replicas[e.replica]
+            self.kill_expected = replica.id
+            self.note_load_failure(replica)
+        elif isinstance(e, ReplicaExited):
+            replica = w.replicas.pop(e.replica)
+            if replica.loading:
+                self.note_load_failure(replica)
+            for rid in sorted(replica.inflight):
+                request = w.requests[rid]
+                if request.status == CLOSING:
+                    self.end(request, "closed")
+                else:
+                    request.status = ORPHANED
+        elif isinstance(e, UnloadRequested):
+            self.unloading = [r.id for r in w.replicas.values() if e.model is None or r.model == e.model]
+        elif isinstance(e, SettingsChanged):
+            self.reload(e)
+        elif isinstance(e, ShutdownRequested):
+            w.shutting_down = True
+            w.deadline = e.deadline if w.deadline is None else min(w.deadline, e.deadline)
+
+    def reload(self, e: SettingsChanged) -> None:
+        """Replicas of removed, moved or restarted models retire; the others take the new spec."""
+        w, old, new = self.w, self.s, e.settings
+        retire = set(e.restart)
+        for name, spec in old.models.items():
+            fresh = new.models.get(name)
+            if fresh is None or (spec.gpus, spec.slots, spec.need) != (fresh.gpus, fresh.slots, fresh.need):
+                retire.add(name)
+        for replica in w.replicas.values():
+            if replica.model in retire:
+                if not replica.killed and not replica.retired:
+                    self.retiring.append(replica.id)
+                replica.retired = True
+            elif not replica.retired:
+                replica.spec = new.models[replica.model]
+        self.vanished = [
+            r.rid for r in w.waiting() if r.target not in new.models and r.target not in new.pools
+        ]
+        w.settings = self.s = new
+
+    def note_load_failure(self, replica: ReplicaView) -> None:
+        others = [r for r in self.w.of_model(replica.model) if r.id != replica.id and r.live]
+        if others:
+            return
+        doomed = [
+            r.rid
+            for r in self.w.waiting()
+            if r.target == replica.model or eligible(self.s, r.target, r.tokens) == [replica.model]
+        ]
+        self.load_failure = (replica.model, doomed)
+
+    def end(self, request: RequestView, outcome: str) -> None:
+        if request.status in TERMINAL:
+            self.fail(
+                "INV-CONSERVATION", f"request {request.rid} ends twice ({request.status}, then {outcome})"
+            )
+        request.status = outcome
+
+    def free_slot(self, request: RequestView) -> None:
+        if request.replica is not None and request.replica in self.w.replicas:
+            self.w.replicas[request.replica].inflight.discard(request.rid)
+
+    # ----------------------------------------------------------------------------------- the commands
+    def command(self, c: Command) -> None:
+        if isinstance(c, Spawn):
+            self.spawn(c)
+        elif isinstance(c, Kill):
+            self.kill(c)
+        elif isinstance(c, Dispatch):
+            self.dispatch(c)
+        elif isinstance(c, Reject):
+            self.reject(c)
+        elif isinstance(c, CancelUpstream):
+            if self.cancel_expected != (c.rid, c.replica):
+                self.fail("INV-CANCEL", f"{c} does not answer {self.event}")
+            self.cancel_expected = None
+        elif isinstance(c, WakeAt):
+            if c.at <= self.w.now:
+                self.fail("INV-WAKE", f"{c} is not in the future (now {self.w.now})")
+            self.w.wake = c.at
+        elif isinstance(c, Stopped):
+            if not self.w.shutting_down or self.w.replicas or self.w.stopped:
+                self.fail("INV-SHUTDOWN", f"Stopped while replicas {sorted(self.w.replicas)} remain")
+            self.w.stopped = True
+
+    def spawn(self, c: Spawn) -> None:
+        w = self.w
+        spec = self.s.models.get(c.model)
+        if c.replica in w.spawned_ids:
+            self.fail("INV-IDS", f"replica id {c.replica} spawned twice")
+        if spec is None or tuple(c.gpus) != tuple(spec.gpus):
+            self.fail("INV-GPUS", f"{c} does not match the model's GPUs")
+            return
+        if w.shutting_down:
+            self.fail("INV-SHUTDOWN", f"{c} after shutdown began")
+        w.spawned_ids.add(c.replica)
+        w.replicas[c.replica] = ReplicaView(c.replica, c.model, tuple(c.gpus), spec)
+        for gpu in c.gpus:
+            residents = w.residents(gpu)
+            if len(residents) > self.s.policy.max_models_per_gpu:
+                self.fail("INV-CAP", f"{c} makes GPU {gpu} hold {sorted(residents)}")
+            budget = self.s.budget(gpu)
+            if budget is not None and w.used(gpu) > budget:
+                self.fail("INV-BUDGET", f"{c} makes GPU {gpu} use {w.used(gpu)} of {budget} bytes")
+        match = _SPAWN_FOR.match(c.reason)
+        if match:
+            self.spawns.append((int(match.group(1)), c.model))
+
+    def kill(self, c: Kill) -> None:
+        w = self.w
+        replica = w.replicas.get(c.replica)
+        if replica is None or replica.killed or replica.model != c.model:
+            self.fail("INV-KILL-IDLE", f"{c} names no live replica of {c.model}")
+            return
+        if replica.inflight:
+            forced = isinstance(self.event, UnloadRequested) and self.event.force
+            due = w.shutting_down and w.deadline is not None and w.now >= w.deadline
+            if not (forced or due):
+                self.fail("INV-KILL-IDLE", f"{c} while requests {sorted(replica.inflight)} are in flight")
+        if self.kill_expected == c.replica:
+            self.kill_expected = None
+        replica.killed = True
+
+    def dispatch(self, c: Dispatch) -> None:
+        w = self.w
+        request = w.requests.get(c.rid)
+        if request is None or c.rid in w.dispatched or request.status != WAITING:
+            self.fail("INV-NO-DOUBLE-DISPATCH", f"{c}: request is {request and request.status}")
+            return
+        replica = w.replicas.get(c.replica)
+        if replica is None or c.model not in self.s.models:
+            self.fail("INV-DISPATCH-READY", f"{c} names an unknown replica or model")
+            return
+        spec = replica.spec
+        if w.shutting_down:
+            self.fail("INV-SHUTDOWN", f"{c} after shutdown began")
+        if not replica.ready or not replica.live or replica.retired or replica.model != c.model:
+            self.fail(
+                "INV-DISPATCH-READY", f"{c} to a replica that is not ready to serve {c.model}: {replica}"
+            )
+        if c.model not in eligible(self.s, request.target, request.tokens):
+            self.fail(
+                "INV-DISPATCH-READY", f"{c}: {c.model} may not serve {request.target!r}/{request.tokens}"
+            )
+        if len(replica.inflight) >= spec.slots:
+            self.fail(
+                "INV-SLOTS", f"{c} to a replica with {len(replica.inflight)} of {spec.slots} slots busy"
+            )
+        free = w.free_replicas(c.model)
+        if free:
+            best = min(free, key=lambda r: (len(r.inflight), r.id))
+            if len(best.inflight) < len(replica.inflight) or (
+                len(best.inflight) == len(replica.inflight) and best.id != replica.id
+            ):
+                self.fail("INV-LEAST-LOADED", f"{c} while replica {best.id} had fewer in flight")
+        if request.target in self.s.pools:
+            self.pool_priority(request, c)
+        self.dispatches.append((request, c.model))
+        w.dispatched.add(c.rid)
+        request.status, request.put_back = RUNNING, False
+        request.replica = c.replica
+        replica.inflight.add(c.rid)
+
+    def pool_priority(self, request: RequestView, c: Dispatch) -> None:
+        """A pooled request goes to the first member with a free slot, unless an earlier claim holds it."""
+        w = self.w
+        held: set[int] = set()
+        for other in w.waiting():
+            if other.order < request.order and w.claimed(other):
+                for name in eligible(self.s, other.target, other.tokens):
+                    if w.live_count(name) < self.s.models[name].replicas:
+                        held.update(self.s.models[name].gpus)
+        for name in eligible(self.s, request.target, request.tokens):
+            if name == c.model:
+                return
+            if w.free_replicas(name) and not held.intersection(self.s.models[name].gpus):
+                self.fail("INV-POOL-PRIORITY", f"{c} while higher-priority member {name} had a free slot")
+                return
+
+    def reject(self, c: Reject) -> None:
+        request = self.w.requests.get(c.rid)
+        if request is None:
+            if self.arrival is None or c.rid != self.arrival.rid:
+                self.fail("INV-CONSERVATION", f"{c} for a request that never arrived")
+            return
+        if request.status == ORPHANED:
+            if c.status != 502:
+                self.fail("INV-CONSERVATION", f"{c}: a request whose replica exited ends with 502")
+            self.end(request, "rejected")
+            return
+        if request.status != WAITING:
+            self.fail("INV-CONSERVATION", f"{c} for a request that is {request.status}")
+        self.end(request, "rejected")
+        request.outcome = c.code
+        if request is self.arrival:
+            self.admission(request, c)
+        elif c.code == "queue_full":
+            self.fail("INV-ADMISSION", f"{c} for a request that had already been admitted")
+
+    def admission(self, request: RequestView, c: Reject) -> None:
+        s, w = self.s, self.w
+        names = eligible(s, request.target, request.tokens)
+        if w.shutting_down:
+            expected: tuple[int, str] | None = (503, "shutting_down")
+        elif request.target not in s.models and request.target not in s.pools:
+            expected = (404, "model_not_found")
+        elif not names:
+            pool = s.pools.get(request.target)
+            members = (
+                [request.target] if pool is None else (pool.members if pool.fallback else pool.members[:1])
+            )
+            specs = [s.models[m] for m in members]
+            if all(m.refusal is not None for m in specs):
+                expected = (503, "model_unavailable")
+            else:
+                expected = (400, "context_length_exceeded")
+                largest = max(m.ctx_per_slot or 0 for m in specs if m.refusal is None)
+                if str(request.tokens) not in c.message or str(largest) not in c.message:
+                    self.fail("INV-ADMISSION", f"{c} does not name {request.tokens} and {largest} tokens")
+        else:
+            expected = None
+        if expected is not None:
+            if (c.status, c.code) != expected:
+                self.fail("INV-ADMISSION", f"{c}, expected {expected}")
+        elif c.code == "queue_full":
+            if not self.arrival_over_limit:
+                self.fail("INV-ADMISSION", f"{c} although the queue had room")
+        elif c.code != "model_unavailable":
+            self.fail("INV-ADMISSION", f"{c} for a servable request")
+
+    # ---------------------------------------------------------------------------------- after the step
+    def after_commands(self) -> None:
+        w, s, e = self.w, self.s, self.event
+        if self.cancel_expected is not None:
+            self.fail("INV-CANCEL", f"{e} of a running request yielded no CancelUpstream")
+        if self.kill_expected is not None:
+            self.fail("INV-KILL-IDLE", f"{e} yielded no Kill of the failed replica")
+        for request in w.requests.values():
+            if request.status == ORPHANED:
+                self.fail("INV-CONSERVATION", f"request {request.rid} lost its replica but was not rejected")
+                request.status = "rejected"
+        arrival = self.arrival
+        if arrival is not None and arrival.status in (WAITING, RUNNING):
+            if w.shutting_down:
+                self.fail("INV-SHUTDOWN", f"request {arrival.rid} admitted during shutdown")
+            if not eligible(s, arrival.target, arrival.tokens):
+                self.fail(
+                    "INV-ADMISSION", f"request {arrival.rid} for {arrival.target!r} admitted, no model fits"
+                )
+        if self.refused is not None and self.put_back_gone:
+            if w.requests[self.refused].status != "rejected":
+                self.fail("INV-REDISPATCH", f"request {self.refused} cannot wait again but was not answered")
+        elif self.refused is not None and w.requests[self.refused].status in TERMINAL:
+            self.fail(
+                "INV-REDISPATCH", f"request {self.refused} ended although it only needed another replica"
+            )
+        for rid in self.unloading + self.retiring:
+            replica = w.replicas.get(rid)
+            if replica is not None and not replica.killed:
+                replica.draining = True
+        for rid in self.retiring:
+            replica = w.replicas.get(rid)
+            if replica is not None and not replica.killed and not replica.inflight:
+                self.fail("INV-RELOAD", f"retired replica {rid} is idle but was not killed")
+        for rid in self.vanished:
+            request = w.requests[rid]
+            if request.status != "rejected" or request.outcome != "model_not_found":
+                self.fail("INV-RELOAD", f"request {rid} for a removed target is {request.status}")
+        if self.state.wake_at is not None and self.state.wake_at != w.wake:
+            self.fail("INV-WAKE", f"the scheduler waits for {self.state.wake_at} but asked for {w.wake}")
+        self.check_load_failure()
+        self.check_limits()
+        self.check_order()
+        self.check_drained()
+        self.check_shutdown()
+        self.check_conservation()
+
+    def check_load_failure(self) -> None:
+        if self.load_failure is None:
+            return
+        model, doomed = self.load_failure
+        for rid in doomed:
+            request = self.w.requests[rid]
+            if request.status != "rejected":
+                self.fail(
+                    "INV-LOAD-FAILURE", f"request {rid} still {request.status} after {model} failed to load"
+                )
+
+    def check_limits(self) -> None:
+        """Requests never dispatched stay within the limits; those put back by DispatchFailed may not."""
+        waiting = [r for r in self.w.waiting() if not r.put_back]
+        policy = self.s.policy
+        if len(waiting) > policy.queue_limit:
+            self.fail("INV-LIMITS", f"{len(waiting)} requests wait, queue_limit is {policy.queue_limit}")
+        for pool in self.s.pools:
+            count = sum(1 for r in waiting if r.target == pool)
+            if count > policy.routing_queue_limit:
+                self.fail("INV-LIMITS", f"{count} wait for pool {pool}, limit {policy.routing_queue_limit}")
+
+    def check_order(self) -> None:
+        """No later request is dispatched or loaded on the GPUs an earlier claiming request waits to swap."""
+        w = self.w
+        seen: set[str] = set()
+        for r1 in w.waiting():
+            if r1.target in seen:
+                continue
+            seen.add(r1.target)
+            if not w.claimed(r1) or any(rid == r1.rid for rid, _ in self.spawns):
+                continue  # not claiming yet, or its own load started in this step (no swap to wait for)
+            model = w.load_target(r1)
+            if model is None or w.of_model(model) or w.fits_one(model):
+                continue
+            gpus = set(self.s.models[model].gpus)
+            for r2, m2 in self.dispatches:
+                if r2.order > r1.order and gpus.intersection(self.s.models[m2].gpus):
+                    self.fail(
+                        "INV-ORDER",
+                        f"request {r2.rid} ({m2}) went ahead of request {r1.rid}, which waits to swap in "
+                        f"{model} on GPU {sorted(gpus)}",
+                    )
+            for rid, m2 in self.spawns:
+                r2 = w.requests.get(rid)
+                if r2 is not None and r2.order > r1.order and gpus.intersection(self.s.models[m2].gpus):
+                    self.fail(
+                        "INV-ORDER",
+                        f"request {rid} loaded {m2} ahead of request {r1.rid}, which waits for {model}",
+                    )
+
+    def check_drained(self) -> None:
+        for replica in self.w.replicas.values():
+            if replica.draining and not replica.killed and not replica.inflight:
+                self.fail("INV-UNLOAD", f"replica {replica.id} is unloaded and idle but was not killed")
+
+    def check_shutdown(self) -> None:
+        w = self.w
+        if not w.shutting_down:
+            return
+        if w.waiting():
+            self.fail("INV-SHUTDOWN", "requests still wait after shutdown began")
+        due = w.deadline is not None and w.now >= w.deadline
+        for replica in w.replicas.values():
+            if not replica.killed and (due or not replica.inflight):
+                self.fail("INV-SHUTDOWN", f"replica {replica.id} survives shutdown (due={due})")
+        if not w.replicas and not w.stopped:
+            self.fail("INV-SHUTDOWN", "no replica is left but Stopped was not sent")
+
+    def check_conservation(self) -> None:
+        """The scheduler's request table matches the environment's: same ids, same phase, same replica."""
+        phases = {WAITING: QUEUED, RUNNING: INFLIGHT, CLOSING: CANCELLING}
+        live = {rid: r for rid, r in self.w.requests.items() if r.status not in TERMINAL}
+        state_requests = self.state.requests
+        for rid, request in live.items():
+            mine = state_requests.get(rid)
+            if mine is None:
+                self.fail(
+                    "INV-CONSERVATION", f"request {rid} is {request.status} but the scheduler forgot it"
+                )
+            elif mine.phase != phases[request.status] or (
+                request.status != WAITING and mine.replica != request.replica
+            ):
+                self.fail(
+                    "INV-CONSERVATION",
+                    f"request {rid} is {request.status} on {request.replica}, scheduler says {mine.phase} "
+                    f"on {mine.replica}",
+                )
+        for rid in state_requests:
+            if rid not in live:
+                self.fail("INV-CONSERVATION", f"the scheduler holds request {rid}, which has ended")
+        if self.arrival is not None and self.arrival.status not in (WAITING, RUNNING, "rejected"):
+            self.fail("INV-CONSERVATION", f"arrival {self.arrival.rid} ended as {self.arrival.status}")
