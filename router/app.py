@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -15,7 +14,7 @@ from werkzeug.exceptions import HTTPException
 from .access import OPEN_PATHS, key_accepted, presented_key
 from .config import Config, resolve_name
 from .errors import error_response
-from .proxy import Proxy
+from .proxy import SAFE_SEGMENT, Proxy
 from .reload import reload_config
 from .runtime import Router
 from .status import models_document, status_document
@@ -51,7 +50,6 @@ TOKEN_COUNTING = (
     "/v1/chat/completions/input_tokens",
 )
 
-_SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9._~:@!$&'()*+,;=-]+$")
 
 
 def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> QuartTrio:
@@ -179,7 +177,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
                 404, "model_not_found", f"model '{model}' is not served here; known: {known}"
             )
         segments = rest.split("/")
-        if any(s in ("", ".", "..") or not _SAFE_SEGMENT.match(s) for s in segments):
+        if any(s in ("", ".", "..") or not SAFE_SEGMENT.match(s) for s in segments):
             return error_response(400, "invalid_path", f"'{rest}' is not a plain path below the model")
         raw = await request.get_data(cache=False)
         ticket = router.admit(

@@ -20,7 +20,6 @@ router requires an API key, a browser cannot send one for the page itself.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import AsyncIterator, Mapping
 
 import httpx
@@ -30,26 +29,10 @@ from quart_trio import QuartTrio
 
 from .config import Config, resolve_name
 from .errors import error_response
-from .proxy import Proxy
+from .proxy import HOP_BY_HOP, SAFE_SEGMENT, Proxy
 from .runtime import Router
 
-_SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9._~:@!$&'()*+,;=-]+$")
-_HOP = {
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "trailers",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-    "authorization",
-    "x-api-key",
-    "cookie",
-}
+_HOP = HOP_BY_HOP | {"cookie"}
 
 
 def _pass_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -103,7 +86,7 @@ def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.
         model = model_of(name)
         if model is None:
             return unknown(name)
-        if rest and any(s in ("", ".", "..") or not _SAFE_SEGMENT.match(s) for s in rest.split("/")):
+        if rest and any(s in ("", ".", "..") or not SAFE_SEGMENT.match(s) for s in rest.split("/")):
             return error_response(400, "invalid_path", f"'{rest}' is not a plain path below the model")
         if request.method == "GET":
             port = router.ready_port([model])

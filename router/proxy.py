@@ -10,6 +10,7 @@ generating) and the scheduler is told, which frees the slot.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Mapping
 
@@ -24,22 +25,28 @@ KEEPALIVE_AFTER = 1.0
 KEEPALIVE_EVERY = 2.0
 REDISPATCHES = 2  # times a request whose replica refused the connection waits for another
 
-_DROP = {
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "trailers",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    "content-length",
-    "authorization",
-    "x-api-key",
-    "accept-encoding",
-}
+# Headers that belong to one connection, or carry the router's own credentials: never forwarded.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "authorization",
+        "x-api-key",
+    }
+)
+# The API relay also asks for plain bodies, so the usage sniffer can read them.
+_DROP = HOP_BY_HOP | {"accept-encoding"}
+# A path segment below a model: no "..", no encoded slashes or anything else that could escape it.
+SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9._~:@!$&'()*+,;=-]+$")
 
 
 def upstream_headers(headers: Mapping[str, str]) -> dict[str, str]:
