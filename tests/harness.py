@@ -152,6 +152,15 @@ async def running_router(
 ) -> AsyncIterator[RouterHandle]:
     """Start the router in this Trio run against simulated ``models``; stop it (and its replicas) after."""
     doc = config_document(dir, models, router=router, devices=devices, defaults=defaults, pools=pools)
+    async with serving(dir, doc, client_timeout=client_timeout) as handle:
+        yield handle
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    dir: Path, doc: Mapping[str, Any], *, client_timeout: float = 30.0
+) -> AsyncIterator[RouterHandle]:
+    """Write the configuration document ``doc``, start the router on it in this Trio run, stop it after."""
     write_config(dir, doc)
     config = config_from_dict(doc, dir / "router.json")
     the_router = build_router(config)

@@ -12,13 +12,8 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
-import trio
-
-from router.config import config_from_dict
-from router.server import build_router, run_server
 from router.tinymodel import TinyShape
-from tests.harness import RouterHandle, free_port, write_config
+from tests.harness import RouterHandle, free_port, serving
 from tests.realenv import require_llama_server, tiny_model
 
 SHAPES = {
@@ -67,26 +62,8 @@ async def real_router(
         doc["pools"] = dict(pools)
     if devices:
         doc["devices"] = dict(devices)
-    write_config(dir, doc)
-    config = config_from_dict(doc, dir / "router.json")
-    the_router = build_router(config)
-    url = f"http://127.0.0.1:{config.router.port}"
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(lambda: run_server(config, router=the_router))
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=32)
-        async with httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits) as client:
-            with trio.fail_after(10):
-                while True:
-                    try:
-                        if (await client.get("/health")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await trio.sleep(0.02)
-            try:
-                yield RouterHandle(url, the_router, config, client, dir, dir / "records")
-            finally:
-                nursery.cancel_scope.cancel()
+    async with serving(dir, doc, client_timeout=120.0) as handle:
+        yield handle
 
 
 def long_body(model: str, tokens: int, text: str = "Once upon a time") -> dict[str, Any]:
