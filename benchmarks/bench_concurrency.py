@@ -31,23 +31,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (
     DEVICE_MIB,
+    LocalRouter,
     async_client,
     base_parser,
     chat_body,
     fetch_json,
-    llama_server_binary,
-    machine_facts,
     make_models,
     ms,
     print_table,
     prompt_text,
     router_models,
-    router_process,
-    settings_of,
+    run_benchmark,
     shape_facts,
     summary,
-    work_directory,
-    write_result,
 )
 from router.tinymodel import TinyShape
 
@@ -294,26 +290,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grace", type=float, default=0.0, help="queue_head_grace (self-started router)")
     args = parser.parse_args(argv)
 
-    document: dict[str, Any] = {"benchmark": "concurrency", "settings": settings_of(args)}
-    if args.url:
-        document["machine"] = machine_facts()
-        document["target"] = {"url": args.url}
-        result = trio.run(benchmark, args.url, args)
-    else:
-        binary = llama_server_binary(args.llama_server)
-        document["machine"] = machine_facts(binary)
-        with work_directory(args.keep) as work:
-            models, extra = local_setup(work, args)
-            document["target"] = extra["setup"]
-            with router_process(
-                work, models, router=extra["router"], devices={0: DEVICE_MIB, 1: DEVICE_MIB}, binary=binary
-            ) as router:
-                result = trio.run(benchmark, router.url, args)
-    document["result"] = result
-    report(result)
-    path = write_result(args.name or "concurrency", document)
-    print(f"wrote {path}")
-    return 0
+    def setup(work: Path) -> LocalRouter:
+        models, extra = local_setup(work, args)
+        return LocalRouter(models, extra["setup"], {0: DEVICE_MIB, 1: DEVICE_MIB}, extra["router"])
+
+    return run_benchmark("concurrency", args, benchmark, setup, report)
 
 
 if __name__ == "__main__":

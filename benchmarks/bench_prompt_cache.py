@@ -29,27 +29,22 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (
     DEVICE_MIB,
+    LocalRouter,
     async_client,
     base_parser,
     chat_body,
-    llama_server_binary,
-    machine_facts,
     make_models,
     ms,
     print_table,
     prompt_text,
     router_models,
-    router_process,
-    settings_of,
+    run_benchmark,
     shape_facts,
-    work_directory,
-    write_result,
 )
 from router.tinymodel import TinyShape
 
@@ -239,38 +234,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=1, help="slots per replica (self-started router)")
     args = parser.parse_args(argv)
 
-    document: dict[str, Any] = {"benchmark": "prompt-cache", "settings": settings_of(args)}
-    if args.url:
-        document["machine"] = machine_facts()
-        document["target"] = {"url": args.url}
-        result = trio.run(benchmark, args.url, args)
-    else:
-        binary = llama_server_binary(args.llama_server)
-        document["machine"] = machine_facts(binary)
-        with work_directory(args.keep) as work:
-            paths = make_models(work / "models", SHAPES)
-            ctx = 2048 * args.parallel
-            models = {
-                name: {"model": str(paths[name]), "gpus": [0], "parallel": args.parallel, "ctx": ctx}
-                for name in SHAPES
-            }
-            router = {"max_models_per_gpu": 1}
-            document["target"] = {
-                "router": router,
-                "devices": {"0": DEVICE_MIB},
-                "models": {
-                    name: {**{k: v for k, v in t.items() if k != "model"}, "shape": shape_facts(SHAPES[name])}
-                    for name, t in models.items()
-                },
-                "threads": 1,
-            }
-            with router_process(work, models, router=router, devices={0: DEVICE_MIB}, binary=binary) as svc:
-                result = trio.run(benchmark, svc.url, args)
-    document["result"] = result
-    report(result)
-    path = write_result(args.name or "prompt-cache", document)
-    print(f"wrote {path}")
-    return 0
+    def setup(work: Path) -> LocalRouter:
+        paths = make_models(work / "models", SHAPES)
+        ctx = 2048 * args.parallel
+        models = {
+            name: {"model": str(paths[name]), "gpus": [0], "parallel": args.parallel, "ctx": ctx}
+            for name in SHAPES
+        }
+        router = {"max_models_per_gpu": 1}
+        target = {
+            "router": router,
+            "devices": {"0": DEVICE_MIB},
+            "models": {
+                name: {**{k: v for k, v in t.items() if k != "model"}, "shape": shape_facts(SHAPES[name])}
+                for name, t in models.items()
+            },
+            "threads": 1,
+        }
+        return LocalRouter(models, target, {0: DEVICE_MIB}, router)
+
+    return run_benchmark("prompt-cache", args, benchmark, setup, report)
 
 
 if __name__ == "__main__":

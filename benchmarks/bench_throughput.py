@@ -29,20 +29,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import (
     DEVICE_MIB,
+    LocalRouter,
     async_client,
     base_parser,
     chat_body,
-    llama_server_binary,
-    machine_facts,
     make_models,
     print_table,
     prompt_text,
     router_models,
-    router_process,
-    settings_of,
+    run_benchmark,
     shape_facts,
-    work_directory,
-    write_result,
 )
 from router.tinymodel import TinyShape
 
@@ -207,45 +203,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", help="comma-separated models (default: all listed)")
     args = parser.parse_args(argv)
 
-    document: dict[str, Any] = {"benchmark": "throughput", "settings": settings_of(args)}
-    if args.url:
-        document["machine"] = machine_facts()
-        document["target"] = {"url": args.url}
-        result = trio.run(benchmark, args.url, args)
-    else:
-        binary = llama_server_binary(args.llama_server)
-        document["machine"] = machine_facts(binary)
-        with work_directory(args.keep) as work:
-            paths = make_models(work / "models", SHAPES)
-            models = {
-                name: {
-                    "model": str(paths[name]),
-                    "gpus": [gpu],
-                    "parallel": SLOTS[name],
-                    "ctx": 512 * SLOTS[name],
-                }
-                for gpu, name in enumerate(SHAPES)
+    def setup(work: Path) -> LocalRouter:
+        paths = make_models(work / "models", SHAPES)
+        models = {
+            name: {
+                "model": str(paths[name]),
+                "gpus": [gpu],
+                "parallel": SLOTS[name],
+                "ctx": 512 * SLOTS[name],
             }
-            document["target"] = {
-                "devices": {"0": DEVICE_MIB, "1": DEVICE_MIB},
-                "models": {
-                    name: {
-                        **{k: v for k, v in table.items() if k != "model"},
-                        "shape": shape_facts(SHAPES[name]),
-                    }
-                    for name, table in models.items()
-                },
-                "threads": 1,
-            }
-            with router_process(
-                work, models, devices={0: DEVICE_MIB, 1: DEVICE_MIB}, binary=binary
-            ) as router:
-                result = trio.run(benchmark, router.url, args)
-    document["result"] = result
-    report(result)
-    path = write_result(args.name or "throughput", document)
-    print(f"wrote {path}")
-    return 0
+            for gpu, name in enumerate(SHAPES)
+        }
+        target = {
+            "devices": {"0": DEVICE_MIB, "1": DEVICE_MIB},
+            "models": {
+                name: {**{k: v for k, v in table.items() if k != "model"}, "shape": shape_facts(SHAPES[name])}
+                for name, table in models.items()
+            },
+            "threads": 1,
+        }
+        return LocalRouter(models, target, {0: DEVICE_MIB, 1: DEVICE_MIB})
+
+    return run_benchmark("throughput", args, benchmark, setup, report)
 
 
 if __name__ == "__main__":

@@ -22,12 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 import httpx
+import trio
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -515,3 +516,45 @@ def base_parser(description: str) -> argparse.ArgumentParser:
 
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     return {key: value for key, value in vars(args).items() if key not in ("keep",)}
+
+
+@attrs.frozen
+class LocalRouter:
+    """The router a benchmark starts for itself: its models, settings, declared GPUs (id -> MiB) and what the
+    result document records about that set-up."""
+
+    models: Mapping[str, Mapping[str, Any]]
+    target: Mapping[str, Any]
+    devices: Mapping[int, int]
+    router: Mapping[str, Any] | None = None
+
+
+def run_benchmark(
+    name: str,
+    args: argparse.Namespace,
+    benchmark: Callable[[str, argparse.Namespace], Awaitable[dict[str, Any]]],
+    setup: Callable[[Path], LocalRouter],
+    report: Callable[[dict[str, Any]], None],
+) -> int:
+    """Run ``benchmark`` against ``--url``, or against a router started on ``setup``'s models; print the
+    report and write ``outputs/benchmark-<name>.json``."""
+    document: dict[str, Any] = {"benchmark": name, "settings": settings_of(args)}
+    if args.url:
+        document["machine"] = machine_facts()
+        document["target"] = {"url": args.url}
+        result = trio.run(benchmark, args.url, args)
+    else:
+        binary = llama_server_binary(args.llama_server)
+        document["machine"] = machine_facts(binary)
+        with work_directory(args.keep) as work:
+            local = setup(work)
+            document["target"] = dict(local.target)
+            with router_process(
+                work, local.models, router=local.router, devices=local.devices, binary=binary
+            ) as service:
+                result = trio.run(benchmark, service.url, args)
+    document["result"] = result
+    report(result)
+    path = write_result(args.name or name, document)
+    print(f"wrote {path}")
+    return 0
