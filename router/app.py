@@ -13,7 +13,7 @@ from werkzeug.exceptions import HTTPException
 
 from .access import OPEN_PATHS, key_accepted, presented_key
 from .config import Config, resolve_name
-from .errors import error_response
+from .errors import error_response, unknown_model
 from .proxy import SAFE_SEGMENT, Proxy
 from .reload import reload_config
 from .runtime import Router
@@ -49,7 +49,6 @@ TOKEN_COUNTING = (
     "/detokenize",
     "/v1/chat/completions/input_tokens",
 )
-
 
 
 def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> QuartTrio:
@@ -95,9 +94,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
         if not name:
             message = f'the request names no model; add "model" with one of: {known}'
             return None, error_response(400, "model_required", message)
-        return None, error_response(
-            404, "model_not_found", f"model '{name}' is not served here; known: {known}"
-        )
+        return None, unknown_model(name, (*router.config.models, *router.config.pools))
 
     async def needed_tokens(target: str, body: dict[str, Any]) -> int | None:
         output = requested_output(body)
@@ -172,10 +169,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
     async def upstream(model: str, rest: str) -> Response:
         target = resolve_name(router.config, model)
         if target is None or target not in router.config.models:
-            known = ", ".join(sorted(router.config.models))
-            return error_response(
-                404, "model_not_found", f"model '{model}' is not served here; known: {known}"
-            )
+            return unknown_model(model, router.config.models)
         segments = rest.split("/")
         if any(s in ("", ".", "..") or not SAFE_SEGMENT.match(s) for s in segments):
             return error_response(400, "invalid_path", f"'{rest}' is not a plain path below the model")
@@ -217,10 +211,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
         if name is not None:
             model = resolve_name(router.config, str(name))
             if model is None or model not in router.config.models:
-                known = ", ".join(sorted(router.config.models))
-                return error_response(
-                    404, "model_not_found", f"model '{name}' is not served here; known: {known}"
-                )
+                return unknown_model(name, router.config.models)
         router.unload(model, force)
         await router.wait_until(
             lambda s: not any(r.model == model or model is None for r in s.replicas if r.phase != "stopping")

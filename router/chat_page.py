@@ -28,7 +28,7 @@ from quart import Response, g, redirect, request
 from quart_trio import QuartTrio
 
 from .config import Config, resolve_name
-from .errors import error_response
+from .errors import error_response, unknown_model
 from .proxy import HOP_BY_HOP, SAFE_SEGMENT, Proxy
 from .runtime import Router
 
@@ -54,12 +54,11 @@ def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.
     proxy = Proxy(router, client)
 
     def model_of(name: str) -> str | None:
-        target = resolve_name(config, name)
-        return target if target in config.models else None
+        target = resolve_name(router.config, name)  # the current configuration, reloads included
+        return target if target in router.config.models else None
 
     def unknown(name: str) -> Response:
-        known = ", ".join(sorted(config.models))
-        return error_response(404, "model_not_found", f"model '{name}' is not served here; known: {known}")
+        return unknown_model(name, router.config.models)
 
     async def pass_get(port: int, rest: str) -> Response:
         url = f"http://127.0.0.1:{port}/{rest}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from quart import Response
 
@@ -37,3 +37,9 @@ def error_response(
 def sse_error(status: int, code: str, message: str) -> bytes:
     """An error as one server-sent event, for streams that have already begun."""
     return b"data: " + json.dumps(error_body(status, code, message)).encode() + b"\n\n"
+
+
+def unknown_model(name: object, known: Iterable[str]) -> Response:
+    """404 for a name that matches no model (or pool), listing the names that do."""
+    names = ", ".join(sorted(known))
+    return error_response(404, "model_not_found", f"model '{name}' is not served here; known: {names}")
