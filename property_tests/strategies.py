@@ -25,7 +25,10 @@ def policies(draw: st.DrawFn) -> Policy:
 
 @st.composite
 def models(draw: st.DrawFn, index: int, gpus: list[int]) -> ModelSpec:
-    chosen = draw(st.sets(st.sampled_from(gpus), min_size=1, max_size=min(2, len(gpus))))
+    # Now and then a model without GPUs (gpus = [] in the config: it runs on the CPU, outside every cap).
+    cpu_only = draw(st.integers(0, 7)) == 0
+    some = st.sets(st.sampled_from(gpus), min_size=1, max_size=min(2, len(gpus)))
+    chosen = set() if cpu_only else draw(some)
     placed = tuple(sorted(chosen))
     need = {}
     for gpu in placed:

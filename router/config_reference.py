@@ -63,7 +63,10 @@ def reference_markdown() -> str:
         "repeats the flag once per item. Flags the router sets itself are refused: `host`, `port`, "
         "`m`/`model` (use `model`), `c`/`ctx-size` (use `ctx`), `np`/`parallel` (use `parallel`), "
         "`ngl`/`gpu-layers`/`n-gpu-layers` (use `gpu_layers`), `fit` (always `--fit off`: weights never "
-        "spill to the CPU), `api-key`/`api-key-file` and `models-dir`/`models-max`. "
+        "spill to the CPU), `api-key`/`api-key-file`, `models-dir`/`models-max`, and `device`/`dev` and "
+        "`main-gpu`/`mg` (each replica sees only its model's GPUs, renumbered from 0: use `gpus`). "
+        "Replicas start in the config file's directory, so relative paths in flag values (`mmproj`, "
+        "`model-draft`, ...) start there too. "
         "`cache-type-k`/`ctk` and `cache-type-v`/`ctv` must be one of "
         + ", ".join(f"`{t}`" for t in CACHE_TYPES)
         + " (or `false`, which drops a default and leaves llama-server's `f16`).",

@@ -307,6 +307,14 @@ ROUTER_KEYS: tuple[KeySpec, ...] = (
         "least this much is refused.",
         1,
     ),
+    KeySpec(
+        "ctx_default",
+        INTEGER,
+        4096,
+        "Total context of a model without `ctx` on a GPU whose memory cannot be read (no NVML, amdsmi or "
+        "sysfs reading and no `[devices.N] memory_mib`): min(trained context, this).",
+        1,
+    ),
     KeySpec("log_lines", INTEGER, 400, "Lines of llama-server output kept per replica.", 1),
 )
 
@@ -315,7 +323,8 @@ DEVICE_KEYS: tuple[KeySpec, ...] = (
         "memory_mib",
         INTEGER,
         None,
-        "Memory budget of this GPU in MiB, replacing what NVML reports (hosts without NVML, tests).",
+        "Memory budget of this GPU in MiB, replacing the measured one (total memory minus what other "
+        "processes hold). Needed where the GPU's memory cannot be read.",
         1,
         default_text="detected",
     ),
@@ -338,8 +347,10 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
         GPUS_TYPE,
         (0,),
         'GPUs a replica spans; "all" (or -1) means every GPU the router sees. A single id may be given '
-        "without brackets.",
-        rule='"all", -1, a GPU id, or a non-empty list of distinct GPU ids >= 0 (below `num_gpus` when set)',
+        "without brackets. `[]` runs the model on the CPU against host memory (`-ngl 0`); with "
+        "`num_gpus = 0` that is the default.",
+        rule='"all", -1, a GPU id, [] (CPU only), or a list of distinct GPU ids >= 0 (below `num_gpus` '
+        "when set)",
     ),
     KeySpec("num_instance", INTEGER, 1, "Replicas of this model that may run at once.", 1),
     KeySpec("parallel", INTEGER, 1, "Slots per replica (llama-server `-np`).", 1),

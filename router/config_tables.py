@@ -200,6 +200,9 @@ def parse_model(doc: Doc, name: str, raw: Any, num_gpus: int | None) -> ModelCon
         if value is None:
             if spec.required:
                 raise doc.missing(f"{prefix}.{spec.name}", spec.allowed())
+            if spec.name == "gpus" and num_gpus == 0:
+                values["gpus"] = ()  # num_gpus = 0: every model runs on the CPU
+                continue
             if spec.name == "gpus" and num_gpus is not None and max(spec.default) >= num_gpus:
                 raise ConfigError(
                     doc.path,
@@ -240,8 +243,10 @@ def parse_model(doc: Doc, name: str, raw: Any, num_gpus: int | None) -> ModelCon
 
 
 def _gpus(doc: Doc, key: str, value: Any, num_gpus: int | None) -> GpuSelection:
-    rule = 'must be "all", -1, a GPU id or a non-empty list of distinct GPU ids (integers >= 0'
+    rule = 'must be "all", -1, a GPU id, [] (CPU only) or a list of distinct GPU ids (integers >= 0'
     rule += f" and < router.num_gpus = {num_gpus})" if num_gpus is not None else ")"
+    if isinstance(value, list | tuple) and not value:
+        return ()  # explicitly CPU only
     if value == ALL_GPUS or (isinstance(value, int) and not isinstance(value, bool) and value == -1):
         return ALL_GPUS
     ids = [value] if isinstance(value, int) and not isinstance(value, bool) else value

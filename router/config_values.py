@@ -183,6 +183,7 @@ class RouterSettings:
     history_max_age_days: float = _router_default("history_max_age_days")
     gpu_reserve_mib: int = _router_default("gpu_reserve_mib")
     ctx_floor: int = _router_default("ctx_floor")
+    ctx_default: int = _router_default("ctx_default")
     log_lines: int = _router_default("log_lines")
 
 

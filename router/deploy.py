@@ -16,6 +16,7 @@ import attrs
 from statemachine import Settings
 
 from .config import Config, check_gpu_ids, read_api_keys
+from .gpu_monitor import GpuMonitor, Ours
 from .launch import ModelLaunch, check_pinned, launches, scheduler_settings
 from .locate import find_llama_server
 from .placement_bridge import plan
@@ -32,9 +33,12 @@ class Deployment:
     api_keys: tuple[bytes, ...]
 
 
-def prepare(config: Config) -> Deployment:
+def prepare(config: Config, monitor: GpuMonitor | None = None, ours: Ours | None = None) -> Deployment:
+    """Everything decided from ``config``; ``monitor`` and ``ours`` as for
+    :func:`router.placement_bridge.plan` (a reload passes the running router's, so that its own replicas
+    do not count against the budgets)."""
     binary = str(find_llama_server(config.router.llama_server))
-    ids, budgets, decisions, document = plan(config)
+    ids, budgets, decisions, document = plan(config, monitor, ours)
     check_gpu_ids(config, ids)
     settings = scheduler_settings(config, ids, decisions, budgets)
     check_pinned(config, settings)

@@ -1,85 +1,33 @@
 """Per-GPU memory, utilisation and residency, sampled every few seconds and kept for the last hour.
 
-Each sample holds, per GPU the scheduler knows: the declared budget, the memory the scheduler predicts its
-resident replicas use, which models are resident and in what state, and, where NVML answers, the memory
-the driver reports in use, the card's total and its utilisation. Without NVML (no NVIDIA driver, no GPU)
-the measured fields are None and the dashboard draws the predicted use against the budgets.
-
-NVML numbers GPUs in its own order; the router's GPU ids are CUDA ordinals. They agree when
-``CUDA_DEVICE_ORDER=PCI_BUS_ID`` is set (recommended on machines with mixed GPU models).
+Each sample holds, per GPU the scheduler knows: the budget, the memory the scheduler predicts its resident
+replicas use, which models are resident and in what state, and, where the GPU's memory can be read (NVML,
+amdsmi or sysfs, through the router's :class:`~router.gpu_monitor.GpuMonitor`), the memory in use, the
+card's total, the part other processes hold and its utilisation. Where nothing can be read, the measured
+fields are None and the dashboard draws the predicted use against the budgets.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import time
-import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
 import trio
 
+from .gpu_readers import GpuReading
 from .runtime import Router
 
 log = logging.getLogger("router")
 
 SAMPLE_EVERY = 2.0
 KEEP_SECONDS = 3600.0
-NVML_FAILURES_BEFORE_GIVING_UP = 5
-
-
-@attrs.frozen
-class GpuReading:
-    """What NVML says about one GPU: bytes in use, bytes in all, utilisation in percent (None: unknown)."""
-
-    used: int
-    total: int
-    util: float | None = None
-
+FAILURES_BEFORE_GIVING_UP = 5
 
 Reader = Callable[[], Mapping[int, GpuReading]]
-
-
-class NvmlReader:
-    """Reads every GPU through NVML. ``open()`` returns None where NVML is missing or has no driver."""
-
-    def __init__(self, nvml: Any) -> None:
-        self._nvml = nvml
-        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
-
-    @classmethod
-    def open(cls) -> NvmlReader | None:
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                import pynvml
-        except ImportError:
-            return None
-        try:
-            pynvml.nvmlInit()
-            return cls(pynvml)
-        except Exception as exc:  # NVMLError, or a library that cannot be loaded
-            log.debug("NVML unavailable: %s", exc)
-            return None
-
-    def __call__(self) -> dict[int, GpuReading]:
-        readings = {}
-        for index, handle in enumerate(self._handles):
-            memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
-            util: float | None
-            try:
-                util = float(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-            except Exception:  # some devices (MIG slices) do not report utilisation
-                util = None
-            readings[index] = GpuReading(int(memory.used), int(memory.total), util)
-        return readings
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._nvml.nvmlShutdown()
 
 
 @attrs.frozen
@@ -94,6 +42,7 @@ class GpuPoint:
     total: int | None = None
     util: float | None = None
     residents: tuple[tuple[str, str], ...] = ()
+    foreign: int | None = None
 
 
 @attrs.frozen
@@ -106,8 +55,12 @@ def replica_state(phase: str, draining: bool) -> str:
     return "draining" if draining and phase == "ready" else phase
 
 
-def gpu_points(router: Router, readings: Mapping[int, GpuReading]) -> tuple[GpuPoint, ...]:
-    """The scheduler's view of every GPU right now, with ``readings`` merged in where present."""
+def gpu_points(
+    router: Router, readings: Mapping[int, GpuReading], foreign: Mapping[int, int] | None = None
+) -> tuple[GpuPoint, ...]:
+    """The scheduler's view of every GPU right now, with ``readings`` (and the bytes other processes
+    hold, ``foreign``) merged in where present."""
+    foreign = foreign or {}
     state = router.state
     points = []
     for device in sorted(state.settings.devices.values(), key=lambda d: d.id):
@@ -126,6 +79,7 @@ def gpu_points(router: Router, readings: Mapping[int, GpuReading]) -> tuple[GpuP
                 total=None if reading is None else reading.total,
                 util=None if reading is None else reading.util,
                 residents=residents,
+                foreign=foreign.get(device.id),
             )
         )
     return tuple(points)
@@ -152,46 +106,50 @@ class GpuSampler:
         self.keep = keep
         self.samples: collections.deque[Sample] = collections.deque(maxlen=max(2, int(keep / interval) + 1))
         self.readings: dict[int, GpuReading] = {}
+        self.foreign: dict[int, int] = {}
         self._reader: Reader | None = reader
-        self._open_nvml = reader is None and use_nvml
-        self._nvml: NvmlReader | None = None
+        self._use_monitor = reader is None and use_nvml
         self._failures = 0
 
     @property
     def measuring(self) -> bool:
-        """Whether GPU memory is measured (NVML or another reader) rather than only predicted."""
-        return self._reader is not None
+        """Whether GPU memory is measured (a driver or another reader) rather than only predicted."""
+        return self._reader is not None or (self._use_monitor and bool(self.router.gpus.kind))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        if self._open_nvml:
-            self._nvml = await trio.to_thread.run_sync(NvmlReader.open)
-            self._reader = self._nvml
-            if self._nvml is not None:
-                log.info("GPU sampler: NVML reports %d GPU(s)", len(self._nvml._handles))
         task_status.started()
-        try:
-            while True:
-                await self.sample()
-                await trio.sleep(self.interval)
-        finally:
-            if self._nvml is not None:
-                self._nvml.close()
+        while True:
+            await self.sample()
+            await trio.sleep(self.interval)
+
+    async def _read(self) -> None:
+        if self._reader is not None:
+            self.readings = dict(await trio.to_thread.run_sync(self._reader))
+            self.foreign = {}
+            return
+        ours = self.router.our_pids()
+        monitor = self.router.gpus
+        measures = await trio.to_thread.run_sync(monitor.read, ours)
+        if not measures and monitor.failures:
+            raise RuntimeError("the GPU driver did not answer")
+        self.readings = {gpu: m.reading for gpu, m in measures.items()}
+        self.foreign = {gpu: m.foreign for gpu, m in measures.items()}
 
     async def sample(self) -> Sample:
-        """Take one sample now (reading NVML on a worker thread) and keep it."""
-        reader = self._reader
-        if reader is not None:
+        """Take one sample now (reading the GPUs on a worker thread) and keep it."""
+        if self._reader is not None or self._use_monitor:
             try:
-                self.readings = dict(await trio.to_thread.run_sync(reader))
+                await self._read()
                 self._failures = 0
             except Exception as exc:
                 self._failures += 1
                 log.warning("GPU sampler: reading the GPUs failed: %s", exc)
-                self.readings = {}
-                if self._failures >= NVML_FAILURES_BEFORE_GIVING_UP:
+                self.readings, self.foreign = {}, {}
+                if self._failures >= FAILURES_BEFORE_GIVING_UP:
                     log.warning("GPU sampler: giving up on measured GPU memory; showing predictions only")
-                    self._reader = None
-        sample = Sample(round(time.time(), 3), gpu_points(self.router, self.readings))
+                    self._reader, self._use_monitor = None, False
+        points = gpu_points(self.router, self.readings, self.foreign)
+        sample = Sample(round(time.time(), 3), points)
         self.samples.append(sample)
         return sample
 
@@ -210,6 +168,7 @@ class GpuSampler:
                     "used": [p.used for p in points],
                     "total": [p.total for p in points],
                     "util": [p.util for p in points],
+                    "foreign": [p.foreign for p in points],
                     "residents": [[list(r) for r in p.residents] for p in points],
                 }
             )

@@ -73,9 +73,12 @@ def gpu_ids(config: Config, detected: int) -> tuple[int, ...]:
 
 
 def default_decision(model: ModelConfig) -> ModelDecision:
-    return ModelDecision(
-        ctx=model.ctx or DEFAULT_CTX, gpu_layers=ALL_LAYERS if model.gpu_layers is None else model.gpu_layers
-    )
+    """What a model starts with when placement has no prediction: its own settings, else every layer on
+    its GPUs (none for a CPU-only model) and the default context."""
+    layers = ALL_LAYERS if model.gpu_layers is None else model.gpu_layers
+    if model.gpus == ():
+        layers = 0
+    return ModelDecision(ctx=model.ctx or DEFAULT_CTX, gpu_layers=layers)
 
 
 def launches(

@@ -36,10 +36,38 @@ SHORT_FLAGS: Mapping[str, str] = {
     "c": "ctx-size",
     "np": "parallel",
     "ngl": "gpu-layers",
+    "kvo": "kv-offload",
+    "no-kvu": "no-kv-unified",
+    "cmoe": "cpu-moe",
+    "ncmoe": "n-cpu-moe",
+    "ncffn": "n-cpu-ffn",
+    "mm": "mmproj",
+    "mmu": "mmproj-url",
+    "mmdev": "mmproj-device",
+    "md": "model-draft",
+    "ngld": "gpu-layers-draft",
+    "ctkd": "cache-type-k-draft",
+    "ctvd": "cache-type-v-draft",
+    "otd": "override-tensor-draft",
+    "cmoed": "cpu-moe-draft",
+    "ncmoed": "n-cpu-moe-draft",
+    "devd": "device-draft",
 }
 
 # Other long spellings of one flag → the long name used as its identity.
-LONG_SYNONYMS: Mapping[str, str] = {"n-gpu-layers": "gpu-layers"}
+LONG_SYNONYMS: Mapping[str, str] = {
+    "n-gpu-layers": "gpu-layers",
+    "n-gpu-layers-draft": "gpu-layers-draft",
+    "spec-draft-model": "model-draft",
+    "spec-draft-ngl": "gpu-layers-draft",
+    "spec-draft-type-k": "cache-type-k-draft",
+    "spec-draft-type-v": "cache-type-v-draft",
+    "spec-draft-override-tensor": "override-tensor-draft",
+    "spec-draft-cpu-moe": "cpu-moe-draft",
+    "spec-draft-n-cpu-moe": "n-cpu-moe-draft",
+    "spec-draft-ncmoe": "n-cpu-moe-draft",
+    "spec-draft-device": "device-draft",
+}
 
 # Flags the router sets itself (by identity) → what to do instead.
 ROUTER_OWNED: Mapping[str, str] = {
@@ -54,6 +82,11 @@ ROUTER_OWNED: Mapping[str, str] = {
     "api-key-file": "replicas listen on loopback only; set router.api_keys_file to protect the router",
     "models-dir": "the router manages models itself (one llama-server per model replica)",
     "models-max": "the router manages models itself (one llama-server per model replica)",
+    "device": "each replica sees only its model's GPUs (CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES), "
+    "renumbered from 0, so a device name written for the whole machine picks another card or none; "
+    "choose GPUs with the `gpus` key of [models.NAME]",
+    "main-gpu": "each replica sees only its model's GPUs, renumbered from 0, so an index written for the "
+    "whole machine picks another card or none; order the model's `gpus` instead (the first is GPU 0 there)",
 }
 
 DEFAULT_CACHE_TYPE = "f16"
@@ -164,9 +197,17 @@ def llama_server_argv(
 
 
 def gpu_env(gpus: Sequence[int]) -> dict[str, str]:
-    """Environment that shows a replica only these GPUs (CUDA and ROCm); an empty list hides them all."""
+    """Environment that shows a replica only these GPUs (CUDA and ROCm); an empty list hides them all.
+
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` numbers CUDA devices the way NVML does (by PCI bus id), so GPU N in
+    the config is the card whose memory the router measured as GPU N, on machines with mixed models too.
+    """
     visible = ",".join(str(gpu) for gpu in gpus)
-    return {"CUDA_VISIBLE_DEVICES": visible, "HIP_VISIBLE_DEVICES": visible}
+    return {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "CUDA_VISIBLE_DEVICES": visible,
+        "HIP_VISIBLE_DEVICES": visible,
+    }
 
 
 def cache_types(

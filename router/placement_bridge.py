@@ -12,36 +12,43 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from .config import Config, ConfigError, load_config, resolve_gpus
+from .gpu_monitor import GpuMonitor, Ours
 from .launch import ModelDecision, default_decision, gpu_ids
-from .llama_args import cache_types, flag_identity, merged_flags
-from .placement.budgets import gather_budgets
+from .llama_args import cache_types
+from .placement.budgets import gather_budgets, host_budget
 from .placement.fit import ModelPlan, PlacementInput
+from .placement.footprint import CPU
 from .placement.plan import format_plan_table, plan_document, plan_models
+from .placement_flags import flash_attn, memory_flags
 
 log = logging.getLogger("router.placement")
 MIB = 1 << 20
 
 
 def _flash_attn(config: Config, model_name: str) -> bool:
-    model = config.models[model_name]
-    for key, value in merged_flags(config.defaults, model.extra_args):
-        if flag_identity(key) in ("flash-attn", "fa"):
-            return value not in ("off", False, "false", "0")
-    return True
+    """Whether the model's replicas run with flash attention (see ``router.placement_flags.flash_attn``)."""
+    return flash_attn(config.defaults, config.models[model_name].extra_args)
 
 
 def placement_inputs(config: Config, ids: tuple[int, ...]) -> list[PlacementInput]:
+    """One placement input per model, with every llama-server flag that moves memory read from ``[defaults]``
+    and the model's table (``router.placement_flags``). Relative ``mmproj`` and ``model-draft`` paths start
+    from the config file's folder, like ``model``."""
+    base_dir = config.path.absolute().parent
     inputs = []
     for name, model in config.models.items():
         k, v = cache_types(model, config.defaults)
+        gpus = resolve_gpus(model, ids)
+        flags = memory_flags(config.defaults, model.extra_args, n_gpus=len(gpus), base_dir=base_dir)
         inputs.append(
             PlacementInput(
                 name=name,
                 path=model.path,
-                gpus=resolve_gpus(model, ids),
+                gpus=gpus,
                 parallel=model.parallel,
                 num_instance=model.num_instance,
                 ctx=model.ctx,
@@ -49,13 +56,14 @@ def placement_inputs(config: Config, ids: tuple[int, ...]) -> list[PlacementInpu
                 cache_type_k=k,
                 cache_type_v=v,
                 ctx_floor=config.router.ctx_floor,
-                flash_attn=_flash_attn(config, name),
+                ctx_default=config.router.ctx_default,
+                **flags.as_kwargs(),
             )
         )
     return inputs
 
 
-def _decision(config: Config, plan: ModelPlan) -> ModelDecision:
+def _decision(config: Config, plan: ModelPlan, budgets: Mapping[int, int | None]) -> ModelDecision:
     model = config.models[plan.name]
     if plan.verdict == "refused":
         fallback = default_decision(model)
@@ -63,22 +71,54 @@ def _decision(config: Config, plan: ModelPlan) -> ModelDecision:
     if plan.verdict == "error" or plan.ctx is None or plan.gpu_layers is None:
         log.warning("no memory prediction for %s: %s", plan.name, plan.message)
         return default_decision(model)
-    return ModelDecision(
-        plan.ctx, plan.gpu_layers, dict(plan.need_by_gpu), tensor_split=tuple(plan.tensor_split)
-    )
+    need = dict(plan.need_by_gpu)
+    if plan.verdict == "override":
+        # An operator's setting loads even when predicted over budget: the scheduler counts it as taking
+        # the whole GPU (never more), so it can always be loaded once the other residents have left.
+        for gpu, bytes_needed in need.items():
+            budget = budgets.get(gpu)
+            if budget is not None and bytes_needed * max(1, plan.num_instance) > budget:
+                need[gpu] = budget // max(1, plan.num_instance)
+    return ModelDecision(plan.ctx, plan.gpu_layers, need, tensor_split=tuple(plan.tensor_split))
 
 
 def plan(
-    config: Config,
+    config: Config, monitor: GpuMonitor | None = None, ours: Ours | None = None
 ) -> tuple[tuple[int, ...], dict[int, int | None], dict[str, ModelDecision], dict[str, Any]]:
-    """GPU ids, their budgets (bytes), the decision per model, and the versioned plan document."""
+    """GPU ids, their budgets (bytes), the decision per model, and the versioned plan document.
+
+    ``monitor`` reads the GPUs (a fresh one when None); ``ours`` tells it which processes on each GPU are
+    this router's replicas, so that a plan made while they run (a reload) sees the same budgets.
+    """
     declared = {gpu: d.memory_mib for gpu, d in config.devices.items()}
-    budgets = gather_budgets(declared, num_gpus=config.router.num_gpus)
+    own = monitor is None
+    monitor = monitor or GpuMonitor()
+    try:
+        budgets = gather_budgets(
+            declared, num_gpus=config.router.num_gpus, measured=lambda: monitor.budgets(ours)
+        )
+    finally:
+        if own:
+            monitor.close()
     gpus = {device: b for device, b in budgets.items() if isinstance(device, int)}
     ids = gpu_ids(config, len(gpus))
-    plans = plan_models(placement_inputs(config, ids), budgets, config.router.gpu_reserve_mib * MIB)
-    decisions = {p.name: _decision(config, p) for p in plans}
+    inputs = placement_inputs(config, ids)
+    if any(not inp.gpus for inp in inputs):
+        budgets[CPU] = host_budget()
+    plans = plan_models(inputs, budgets, config.router.gpu_reserve_mib * MIB)
     scheduler_budgets = {gpu: gpus[gpu].budget if gpu in gpus else None for gpu in ids}
+    decisions = {p.name: _decision(config, p, scheduler_budgets) for p in plans}
+    used = {gpu for inp in inputs for gpu in inp.gpus}
+    for gpu in sorted(used):
+        if scheduler_budgets.get(gpu) is None:
+            log.warning(
+                "GPU %d: its memory cannot be read (no NVML, amdsmi or sysfs reading) and no "
+                "[devices.%d] memory_mib is declared: its models are fully offloaded with ctx_default "
+                "(%d) unless they set ctx; declare memory_mib to plan against the GPU's real size",
+                gpu,
+                gpu,
+                config.router.ctx_default,
+            )
     return ids, scheduler_budgets, decisions, plan_document(plans, budgets)
 
 
@@ -96,5 +136,5 @@ def plan_command(path: str | None, *, as_json: bool) -> int:
         return 2
     *_, document = plan(config)
     print(json.dumps(document, indent=2) if as_json else format_plan_table(document))
-    refused = [m["name"] for m in document["models"] if m["verdict"] == "refused"]
+    refused = [m["name"] for m in document["models"] if m["verdict"] in ("refused", "error")]
     return 1 if refused else 0

@@ -34,7 +34,7 @@ async def reload_config(router: Router, path: Path | None = None) -> ReloadResul
     source = path or router.config.path
     try:
         config = await trio.to_thread.run_sync(load_config, source)
-        deployment = await trio.to_thread.run_sync(prepare, config)
+        deployment = await trio.to_thread.run_sync(prepare, config, router.gpus, router.our_pids())
     except (ConfigError, LlamaServerNotFound) as exc:
         log.error("reload refused, the old configuration keeps serving: %s", exc)
         return ReloadResult(False, str(exc))

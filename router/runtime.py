@@ -48,6 +48,7 @@ from statemachine import (
 
 from .config import Config
 from .deploy import Deployment
+from .gpu_monitor import GpuMonitor, Ours
 from .launch import ModelLaunch
 from .llama_args import gpu_env
 from .ports import free_port
@@ -106,8 +107,9 @@ RecordListener = Callable[[RequestRecord], None]
 
 
 class Router:
-    def __init__(self, deployment: Deployment) -> None:
+    def __init__(self, deployment: Deployment, *, gpus: GpuMonitor | None = None) -> None:
         self.deployment = deployment
+        self.gpus = gpus or GpuMonitor()
         self.state: State = initial_state(deployment.settings, trio.current_time())
         router = deployment.config.router
         self.load_timeout = router.load_timeout
@@ -288,6 +290,14 @@ class Router:
 
     def _spawn(self, command: Spawn) -> None:
         launch = self.launches[command.model]
+        shortfall = self._memory_shortfall(command)
+        if shortfall is not None:
+            # Other programs took the memory this replica was planned for: refuse the load with the sums
+            # instead of starting a process into an out-of-memory. No process exists, so it has exited.
+            self._note("load_failed", command.model, command.replica, shortfall)
+            self.submit(LoadFailed(command.replica, shortfall))
+            self.submit(ReplicaExited(command.replica, "not started: " + shortfall))
+            return
         port = free_port()
         self.ports[command.replica] = port
         spec = LaunchSpec(
@@ -298,9 +308,42 @@ class Router:
             port=port,
             load_timeout=self.load_timeout,
             stop_timeout=self.stop_timeout,
+            cwd=self._replica_dir(),
         )
         self._note("load", command.model, command.replica, command.reason)
         self.supervisor.spawn(spec)
+
+    def _replica_dir(self) -> str | None:
+        """Where replicas start: the config file's directory, so that relative paths in llama-server flags
+        (``mmproj``, ``model-draft``, ...) mean what they mean in the config file."""
+        folder = self.config.path.absolute().parent
+        return str(folder) if folder.is_dir() else None
+
+    def our_pids(self) -> Ours:
+        """Per GPU, the process ids of our live replica processes there; GPUs without one are absent (a
+        replica whose process has not started yet, or has exited, holds no memory)."""
+        ours: dict[int, set[int]] = {}
+        for replica in self.state.replicas:
+            info = self.supervisor.info(replica.id)
+            if info is None or info.pid is None or info.exited:
+                continue
+            for gpu in replica.gpus:
+                ours.setdefault(gpu, set()).add(info.pid)
+        return ours
+
+    def _memory_shortfall(self, command: Spawn) -> str | None:
+        """Why the replica of ``command`` must not start (memory others took since planning), or None."""
+        if not command.gpus:
+            return None
+        state = self.state
+        need = {gpu: state.used(gpu) for gpu in command.gpus}
+        planned = {gpu: state.settings.budget(gpu) for gpu in command.gpus}
+        ours = self.our_pids()
+        try:
+            return self.gpus.shortfall(command.model, need, planned, ours)
+        except Exception as exc:  # never let a measurement problem stop a load
+            log.warning("GPU memory check before loading %s failed: %s", command.model, exc)
+            return None
 
     def _from_supervisor(self, report: SupervisorEvent) -> None:
         match report:

@@ -16,6 +16,7 @@ from .app import create_app
 from .config import Config
 from .dash import register_dash, start_observers
 from .deploy import prepare
+from .gpu_monitor import GpuMonitor
 from .reload import reload_config
 from .runtime import Router
 
@@ -37,13 +38,21 @@ def hypercorn_config(config: Config) -> HypercornConfig:
 
 
 def build_router(config: Config) -> Router:
-    return Router(prepare(config))
+    monitor = GpuMonitor()
+    return Router(prepare(config, monitor), gpus=monitor)
 
 
 async def run_server(
     config: Config, *, on_ready: Callable[[str], None] | None = None, router: Router | None = None
 ) -> None:
     router = router or build_router(config)
+    try:
+        await _serve_router(config, router, on_ready)
+    finally:
+        router.gpus.close()
+
+
+async def _serve_router(config: Config, router: Router, on_ready: Callable[[str], None] | None) -> None:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client, trio.open_nursery() as nursery:

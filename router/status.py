@@ -14,6 +14,38 @@ from .config import Config
 from .runtime import Router
 
 
+def gpu_entry(router: Router, gpu: int) -> dict[str, Any]:
+    """One GPU for /status: the scheduler's budget and predicted use, and the driver's latest reading."""
+    state = router.state
+    budget = state.settings.budget(gpu)
+    measured = router.gpus.last.get(gpu)
+    entry: dict[str, Any] = {
+        "id": gpu,
+        "name": measured.reading.name if measured else None,
+        "bus_id": measured.reading.bus_id if measured else None,
+        "budget_bytes": budget,
+        "used_bytes": state.used(gpu),
+        "residents": sorted(state.residents(gpu)),
+        "max_models": state.settings.policy.max_models_per_gpu,
+        "measured": None,
+    }
+    if measured is not None:
+        entry["measured"] = {
+            "total_bytes": measured.reading.total,
+            "used_bytes": measured.reading.used,
+            "foreign_bytes": measured.foreign,
+            "ours_bytes": measured.ours,
+            "available_bytes": measured.available,
+            "method": measured.method,
+        }
+    if budget is None:
+        entry["warning"] = (
+            f"the memory of GPU {gpu} cannot be read and is not declared: models on it run with every layer "
+            f"offloaded and ctx_default; set [devices.{gpu}] memory_mib to plan against its real size"
+        )
+    return entry
+
+
 def model_state(state: State, model: str) -> str:
     phases = {r.phase for r in state.replicas if r.model == model}
     if "ready" in phases:
@@ -84,17 +116,7 @@ def status_document(config: Config, router: Router) -> dict[str, Any]:
                 "started_at": info.started_at if info else None,
             }
         )
-    gpus = []
-    for device in sorted(state.settings.devices.values(), key=lambda d: d.id):
-        gpus.append(
-            {
-                "id": device.id,
-                "budget_bytes": device.budget,
-                "used_bytes": state.used(device.id),
-                "residents": sorted(state.residents(device.id)),
-                "max_models": state.settings.policy.max_models_per_gpu,
-            }
-        )
+    gpus = [gpu_entry(router, gpu) for gpu in sorted(state.settings.devices)]
     pools = []
     for name, pool in config.pools.items():
         members = []

@@ -65,6 +65,7 @@ class LaunchSpec:
     port: int = 0
     load_timeout: float = 120.0
     stop_timeout: float = 10.0
+    cwd: str | None = None  # relative paths in the argv start here (the config file's directory)
 
 
 @attrs.frozen
@@ -484,6 +485,7 @@ def _launch(spec: LaunchSpec) -> _Child:
             stdout=write_fd,
             stderr=write_fd,
             env=env,
+            cwd=spec.cwd,
             close_fds=True,
             start_new_session=True,
             preexec_fn=_death_signal_hook(),

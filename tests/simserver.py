@@ -59,6 +59,9 @@ class Behaviour:
     reply: str | None = None
     n_ctx_train: int = 4096
     model_mib: float = 64.0
+    # MiB this replica "holds" on each GPU it is shown, reported to a stand-in NVML through the file
+    # $FAKE_NVML_PROCS_DIR/<pid> once loaded (None: report nothing).
+    gpu_mib: float | None = None
 
 
 BEHAVIOUR_KEYS: frozenset[str] = frozenset(f.name for f in fields(Behaviour))
@@ -1426,6 +1429,7 @@ def _load(state: ServerState, problem: str | None) -> None:
     if behaviour.exit_at_load is not None:
         log("llama_model_load: error loading model: simulated load failure")
         _fail_load(path, "simulated load failure", behaviour.exit_at_load)
+    _report_gpu_memory(behaviour)
     kv_mib = state.n_ctx / 1024 * 16.0
     log(f"load_tensors: {device:>12} model buffer size = {behaviour.model_mib:9.2f} MiB")
     log(f"llama_context: n_ctx = {state.n_ctx}, n_seq_max = {len(state.pool.slots)}")
@@ -1436,6 +1440,19 @@ def _load(state: ServerState, problem: str | None) -> None:
     log("main: model loaded")
     log(f"main: server is listening on http://{options.host}:{state.port} - starting the main loop")
     log("srv  update_slots: all slots are idle")
+
+
+def _report_gpu_memory(behaviour: Behaviour) -> None:
+    """Tell a stand-in NVML that this process holds ``gpu_mib`` on every GPU it was shown."""
+    procs = os.environ.get("FAKE_NVML_PROCS_DIR")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    if behaviour.gpu_mib is None or not procs or not visible.strip():
+        return
+    lines = "".join(f"{gpu.strip()} {behaviour.gpu_mib:.0f}\n" for gpu in visible.split(","))
+    tmp = os.path.join(procs, f".{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        f.write(lines)
+    os.replace(tmp, os.path.join(procs, str(os.getpid())))
 
 
 def _write_record(record_dir: str, state: ServerState, argv: list[str]) -> None:

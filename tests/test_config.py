@@ -133,7 +133,6 @@ BAD_VALUES = [
     ("models.qwen.pinned", "yes", '"yes"', "true or false"),
     ("models.qwen.ttl", 0, "0", "a number > 0"),
     ("models.qwen.load_on_startup", 1, "1", "true or false"),
-    ("models.qwen.gpus", [], "[]", "non-empty list of distinct GPU ids"),
     ("models.qwen.gpus", [0, 0], "[0, 0]", "distinct GPU ids"),
     ("models.qwen.gpus", [-2], "[-2]", "integers >= 0"),
     ("models.qwen.gpus", "some", '"some"', '"all", -1, a GPU id'),
@@ -462,18 +461,21 @@ def test_router_defaults_equal_the_schema() -> None:
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("all", ALL_GPUS), (-1, ALL_GPUS), (1, (1,)), ([1, 0], (0, 1)), ([0], (0,))],
+    [("all", ALL_GPUS), (-1, ALL_GPUS), (1, (1,)), ([1, 0], (0, 1)), ([0], (0,)), ([], ())],
 )
 def test_gpu_spellings(value: Any, expected: Any) -> None:
     assert build(setter("models.qwen.gpus", value)).models["qwen"].gpus == expected
 
 
-def test_default_gpu_must_exist_when_num_gpus_is_set() -> None:
-    message = str(error_of(setter("router.num_gpus", 0)))
-    assert message == (
-        f"config error in {FILE}: models.qwen.gpus is unset and defaults to [0], but router.num_gpus = 0; "
-        'set gpus to ids below 0 or to "all"'
-    )
+def test_num_gpus_zero_puts_every_model_on_the_cpu() -> None:
+    config = build(setter("router.num_gpus", 0))
+    assert {m.gpus for m in config.models.values()} == {()}
+    def one_gpu(data: dict[str, Any]) -> None:
+        setter("router.num_gpus", 1)(data)
+        setter("models.qwen.gpus", 1)(data)
+
+    message = str(error_of(one_gpu))
+    assert "models.qwen.gpus = 1 is invalid" in message and "< router.num_gpus = 1" in message
 
     def every_gpu(data: dict[str, Any]) -> None:
         data["router"]["num_gpus"] = 0

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import logging
 import re
-import warnings
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from router.placement.budgets import DeviceBudget, budget_bytes, gather_budgets, host_budget, nvml_budgets
+from router.placement.budgets import DeviceBudget, budget_bytes, gather_budgets, host_budget
 from router.placement.fit import ModelPlan, PlacementInput, decide, plan_model
 from router.placement.footprint import CPU, estimate, geometry_from_header
 from router.placement.gguf_header import read_header
@@ -138,7 +135,8 @@ def test_ctx_override_is_honoured_with_a_warning(model_path: Path) -> None:
     assert plan.verdict == "override" and plan.ok
     assert plan.ctx == 30000 and plan.ctx_per_slot == 30208
     assert plan.rows[0].total == need_at(model_path, 30000)[0]
-    assert "warning:" in plan.message and "but GPU 0 has 2.0 GiB" in plan.message
+    assert "override: predicted 3.0 GiB over budget 2.0 GiB on GPU 0" in plan.message
+    assert "but GPU 0 has 2.0 GiB" in plan.message and "only a real out-of-memory" in plan.message
     roomy = plan_model(PlacementInput("m", model_path, ctx=4096), {0: 24 * GiB})
     assert roomy.verdict == "override" and "warning" not in roomy.message
 
@@ -156,11 +154,14 @@ def test_gpu_layers_override_offloads_partially_and_picks_a_context(model_path: 
 def test_unknown_budget_reports_the_prediction(model_path: Path) -> None:
     plan = plan_model(PlacementInput("m", model_path, parallel=2), {0: None})
     assert plan.verdict == "unknown-budget" and plan.ok
-    assert plan.ctx == 32768
-    assert plan.rows[0].budget is None and plan.rows[0].total == need_at(model_path, 32768, n_seq=2)[0]
-    assert "GPU 0 unknown" in plan.message
-    given = plan_model(PlacementInput("m", model_path, ctx=4096), {})
-    assert given.verdict == "unknown-budget" and given.ctx == 4096
+    # Still a GPU: every layer offloaded, and the context is min(trained, ctx_default) = 4096.
+    assert plan.ctx == 4096 and plan.gpu_layers == 17
+    assert plan.rows[0].budget is None and plan.rows[0].total == need_at(model_path, 4096, n_seq=2)[0]
+    assert "memory of GPU 0 cannot be read" in plan.message and "[devices.N] memory_mib" in plan.message
+    bigger = plan_model(PlacementInput("m", model_path, ctx_default=10 ** 6), {0: None})
+    assert bigger.ctx == 32768  # never above the trained context
+    given = plan_model(PlacementInput("m", model_path, ctx=8192), {})
+    assert given.verdict == "unknown-budget" and given.ctx == 8192 and "as configured" in given.message
 
 
 def test_unreadable_file_is_an_error(tmp_path: Path) -> None:
@@ -186,15 +187,15 @@ def test_multi_gpu_split_follows_budgets(model_path: Path) -> None:
     assert single.tensor_split == ()
 
 
-def test_cpu_only_host_runs_on_host_memory(model_path: Path) -> None:
-    plan = plan_model(PlacementInput("m", model_path, gpu_layers=10), {CPU: 16 * GiB})
+def test_a_model_without_gpus_runs_on_host_memory(model_path: Path) -> None:
+    plan = plan_model(PlacementInput("m", model_path, gpus=(), gpu_layers=10), {CPU: 16 * GiB})
     assert plan.verdict == "fits" and plan.gpu_layers == 0
     (row,) = plan.rows
     assert row.device == CPU and row.budget == 16 * GiB
     g = geometry_from_header(read_header(model_path))
     assert row.weights == g.file_weights  # token_embd included
     assert plan.need_by_gpu == {}
-    small = plan_model(PlacementInput("m", model_path), {CPU: GiB})
+    small = plan_model(PlacementInput("m", model_path, gpus=()), {CPU: GiB})
     assert small.verdict == "refused" and small.message.endswith("or free memory")
     assert "on CPU (" in small.message
 
@@ -208,7 +209,7 @@ def test_decide_is_pure_and_deterministic(model_path: Path) -> None:
 
 def test_plan_document_and_table(model_path: Path, tmp_path: Path) -> None:
     devices = {
-        0: DeviceBudget(device=0, name="RTX 3090", total=24 * GiB, free=23 * GiB),
+        0: DeviceBudget(device=0, name="RTX 3090", total=24 * GiB, available=23 * GiB, reader="nvml"),
         1: DeviceBudget(device=1, declared=200 * MiB),
     }
     inputs = [
@@ -239,87 +240,37 @@ def test_plan_document_and_table(model_path: Path, tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------- budgets
 
 
-def fake_nvml(gpus: list[tuple[str, int, int]]) -> Any:
-    """A stand-in for the pynvml module with the calls nvml_budgets makes."""
-    handles = list(range(len(gpus)))
-    return SimpleNamespace(
-        nvmlInit=lambda: None,
-        nvmlShutdown=lambda: None,
-        nvmlDeviceGetCount=lambda: len(gpus),
-        nvmlDeviceGetHandleByIndex=lambda i: handles[i],
-        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=gpus[h][1], free=gpus[h][2]),
-        nvmlDeviceGetName=lambda h: gpus[h][0].encode(),
-    )
-
-
-def test_nvml_budgets_read_total_and_free() -> None:
-    out = nvml_budgets(lambda: fake_nvml([("A", 8 * GiB, 7 * GiB), ("B", 24 * GiB, 20 * GiB)]))
-    assert out == {
-        0: DeviceBudget(device=0, name="A", total=8 * GiB, free=7 * GiB),
-        1: DeviceBudget(device=1, name="B", total=24 * GiB, free=20 * GiB),
-    }
-    assert out[1].budget == 20 * GiB and out[1].source == "nvml"
-
-
-@pytest.mark.parametrize("failure", ["import", "init", "query"])
-def test_nvml_failures_are_quiet(failure: str, caplog: pytest.LogCaptureFixture) -> None:
-    def loader() -> Any:
-        if failure == "import":
-            raise ModuleNotFoundError("No module named 'pynvml'")
-        module = fake_nvml([("A", GiB, GiB)])
-        if failure == "init":
-            module.nvmlInit = lambda: (_ for _ in ()).throw(OSError("NVML Shared Library Not Found"))
-        else:
-            module.nvmlDeviceGetMemoryInfo = lambda h: (_ for _ in ()).throw(RuntimeError("GPU is lost"))
-        return module
-
-    caplog.set_level(logging.DEBUG, logger="router.placement.budgets")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert nvml_budgets(loader) == {}
-    records = [r for r in caplog.records if r.name == "router.placement.budgets"]
-    assert len(records) == 1 and records[0].levelno == logging.DEBUG
-    assert records[0].exc_info is None
-
-
-def test_real_pynvml_without_a_driver_is_quiet(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        budgets = nvml_budgets()
-    # On a machine with NVIDIA GPUs this lists them; elsewhere it is empty. Either way: no warnings.
-    assert all(b.total and b.free is not None for b in budgets.values())
-    assert all(r.levelno <= logging.DEBUG for r in caplog.records)
-
-
 def test_declared_budget_wins_and_cpu_fallback(tmp_path: Path) -> None:
-    found = {0: DeviceBudget(device=0, name="A", total=8 * GiB, free=6 * GiB)}
-    merged = gather_budgets({0: 4096, 1: 2048}, nvml=lambda: found)
+    found = {0: DeviceBudget(device=0, name="A", total=8 * GiB, available=6 * GiB, reader="nvml")}
+    merged = gather_budgets({0: 4096, 1: 2048}, measured=lambda: found)
     assert budget_bytes(merged) == {0: 4 * GiB, 1: 2 * GiB}
-    assert merged[0].free == 6 * GiB and merged[0].source == "config"
-    more = gather_budgets({0: 10240}, nvml=lambda: found)
+    assert merged[0].available == 6 * GiB and merged[0].source == "config"
+    more = gather_budgets({0: 10240}, measured=lambda: found)
     assert more[0].budget == 10 * GiB  # declared wins upward too
 
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       16384000 kB\nMemFree:  100 kB\nMemAvailable:   8192000 kB\n")
     host = host_budget(meminfo)
-    assert (host.total, host.free, host.budget, host.source) == (
+    assert (host.total, host.available, host.budget, host.source) == (
         16384000 * 1024,
         8192000 * 1024,
         8192000 * 1024,
         "host",
     )
-    cpu = gather_budgets({}, nvml=dict, host=lambda: host)
+    cpu = gather_budgets({}, host=lambda: host)
     assert list(cpu) == [CPU] and cpu[CPU].budget == 8192000 * 1024
+    # Without a reading, nothing is planned on the CPU unless asked for: no GPU is invented either.
+    assert gather_budgets({}) == {}
 
 
 def test_num_gpus_fixes_the_ids() -> None:
-    found = {i: DeviceBudget(device=i, total=GiB, free=GiB) for i in range(3)}
-    two = gather_budgets({}, num_gpus=2, nvml=lambda: found)
+    found = {i: DeviceBudget(device=i, total=GiB, available=GiB) for i in range(3)}
+    two = gather_budgets({}, num_gpus=2, measured=lambda: found)
     assert list(two) == [0, 1]
-    four = gather_budgets({}, num_gpus=4, nvml=lambda: found)
+    four = gather_budgets({}, num_gpus=4, measured=lambda: found)
     assert budget_bytes(four) == {0: GiB, 1: GiB, 2: GiB, 3: None}
-    none = gather_budgets({}, num_gpus=0, nvml=lambda: found, host=lambda: DeviceBudget(device=CPU, free=5))
+    host = lambda: DeviceBudget(device=CPU, available=5)  # noqa: E731
+    none = gather_budgets({}, num_gpus=0, measured=lambda: found, host=host)
     assert budget_bytes(none) == {CPU: 5}
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from router.config import ModelConfig, config_from_dict
+from router.config import ConfigError, ModelConfig, config_from_dict
 from router.llama_args import (
     cache_types,
     flag_identity,
@@ -147,9 +147,20 @@ def test_argv_from_a_loaded_config() -> None:
 
 
 def test_gpu_env() -> None:
-    assert gpu_env([0, 2]) == {"CUDA_VISIBLE_DEVICES": "0,2", "HIP_VISIBLE_DEVICES": "0,2"}
-    assert gpu_env((1,)) == {"CUDA_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "1"}
-    assert gpu_env([]) == {"CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
+    order = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA ordinals in NVML's (PCI bus) order
+    assert gpu_env([0, 2]) == {**order, "CUDA_VISIBLE_DEVICES": "0,2", "HIP_VISIBLE_DEVICES": "0,2"}
+    assert gpu_env((1,)) == {**order, "CUDA_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "1"}
+    assert gpu_env([]) == {**order, "CUDA_VISIBLE_DEVICES": "", "HIP_VISIBLE_DEVICES": ""}
+
+
+@pytest.mark.parametrize("key", ["device", "dev", "-dev", "main-gpu", "mg", "--main-gpu"])
+def test_device_selection_flags_are_refused_because_of_masking(key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(
+            {"models": {"a": {"model": "/m/a.gguf", "gpus": [2, 3], key: "1"}}}, "/etc/router.toml"
+        )
+    message = str(info.value)
+    assert "renumbered from 0" in message and "gpus" in message
 
 
 @pytest.mark.parametrize(

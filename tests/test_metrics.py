@@ -13,7 +13,8 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.config import config_from_dict
-from router.gpu_sampler import GpuReading, GpuSampler, NvmlReader
+from router.gpu_readers import GpuReading, NvmlSource
+from router.gpu_sampler import GpuSampler
 from router.metrics import RouterMetrics, stop_reason_kind
 from router.server import build_router
 from router.usage import UsageSniffer
@@ -186,7 +187,7 @@ async def test_gpu_memory_gauges_use_the_predicted_needs_and_budgets(tmp_path: P
     assert value(loaded, "llama_router_gpu_memory_predicted_bytes", gpu="0") == used
     assert value(loaded, "llama_router_gpu_memory_predicted_bytes", gpu="1") == 0
     assert value(loaded, "llama_router_gpu_resident_models", gpu="0") == 1
-    nvml = NvmlReader.open()
+    nvml = NvmlSource.open()
     if nvml is None:  # no driver here: measured series are left out, not faked
         assert "llama_router_gpu_memory_used_bytes" not in names(loaded)
     else:
@@ -207,7 +208,10 @@ async def test_measured_gpu_readings_reach_the_timeline_and_the_metrics(tmp_path
         "models": {"m": {"model": str(model), "gpus": [1]}},
     }
     router = build_router(config_from_dict(doc, "test"))
-    readings = {0: GpuReading(3 * GIB, 80 * GIB, 42.0), 1: GpuReading(GIB, 24 * GIB, None)}
+    readings = {
+        0: GpuReading(0, total=80 * GIB, used=3 * GIB, util=42.0),
+        1: GpuReading(1, total=24 * GIB, used=GIB),
+    }
     sampler = GpuSampler(router, reader=lambda: readings)
     assert sampler.measuring
     await sampler.sample()

@@ -1,106 +1,136 @@
-"""Memory budgets of the devices models are placed on.
+"""Memory budgets of the devices models are placed on: what this router may use on each.
 
-Three sources, merged by :func:`gather_budgets`:
+A GPU's budget is its total memory minus what *other* processes (and the driver) hold there: memory our own
+replicas use counts as ours, so planning again while they are resident (a reload, a SIGHUP) gives the same
+budgets as planning on an idle GPU. :func:`measure` separates the two from one driver reading:
 
-* NVML (through ``pynvml``): total and free memory of every NVIDIA GPU. When the library is missing, the
-  driver is absent or any call fails, NVML contributes nothing: one debug log line, no warning, no
-  traceback. (AMD GPUs are not queried; declare their budgets in the config.)
-* The config: ``[devices.N] memory_mib``. A declared budget wins over what NVML reports, in both
-  directions: an operator can keep part of a GPU for something else (declare less) or plan for a GPU the
-  router cannot query (declare it outright). The budget of a GPU known only through NVML is its *free*
-  memory at the time of the query, so memory other programs hold is respected.
-* The host: on a machine with no GPU at all (NVML found none and the config declares none), a single
-  ``"cpu"`` device whose budget is ``MemAvailable`` from ``/proc/meminfo``. Models then run on the CPU
-  (``-ngl 0``) against host memory.
+``idle``          none of our replicas is on the GPU: everything in use is someone else's.
+``processes``     the driver lists the processes on the GPU with their bytes (NVML, amdsmi) and ours are
+                  among them: ours are subtracted from the use, the rest is foreign.
+``baseline``      no usable per-process list (sysfs, drivers without accounting, a container whose process
+                  ids differ from the driver's): the free memory last measured while none of ours was on the
+                  GPU is kept and trusted, so our replicas can never shrink the budget.
+``unattributed``  ours are there and no baseline exists: everything in use counts as foreign.
 
-A GPU whose budget is not known (declared nowhere, not visible to NVML) has budget None; placement then
-gives the verdict "unknown-budget" instead of guessing.
+The config can declare ``[devices.N] memory_mib``; a declared budget wins over the measured one in both
+directions. A GPU that is configured but whose memory nobody can read is still a GPU, with an unknown
+budget: placement then offloads every layer and picks the default context (see ``fit``), never the CPU.
+Only models with no GPU at all (``gpus = []``, or ``num_gpus = 0``) are placed on the ``"cpu"`` device,
+whose budget is ``MemAvailable`` from ``/proc/meminfo``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import warnings
 from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import Any
 
 import attrs
 
+from router.gpu_readers import GpuReading, ProcessUse
 from router.placement.footprint import CPU
 
-__all__ = ["DeviceBudget", "budget_bytes", "gather_budgets", "host_budget", "nvml_budgets"]
+__all__ = [
+    "DeviceBudget",
+    "GpuMeasure",
+    "budget_bytes",
+    "gather_budgets",
+    "host_budget",
+    "measure",
+]
 
-log = logging.getLogger(__name__)
 MiB = 1 << 20
+METHODS = ("idle", "processes", "baseline", "unattributed")
+
+
+@attrs.frozen
+class GpuMeasure:
+    """One reading split into our replicas' bytes and everyone else's (``foreign``: other processes and
+    the driver). ``others`` lists the foreign processes the driver named (empty where it names none)."""
+
+    reading: GpuReading
+    foreign: int
+    ours: int
+    method: str
+    others: tuple[ProcessUse, ...] = ()
+
+    @property
+    def available(self) -> int:
+        """Bytes this router may use on the GPU: total minus foreign."""
+        return max(0, self.reading.total - self.foreign)
+
+
+def measure(reading: GpuReading, our_pids: AbstractSet[int] | None, baseline_free: int | None) -> GpuMeasure:
+    """Split ``reading`` into ours and foreign (pure; see the module docstring for the methods).
+
+    ``our_pids`` is None when no process of our replicas is on this GPU, else their process ids;
+    ``baseline_free`` the free bytes last measured while none of ours was there.
+    """
+    procs = reading.processes
+    if our_pids is None:
+        others = tuple(p for p in procs or ())
+        return GpuMeasure(reading, reading.used, 0, "idle", others)
+    if procs is not None and all(p.used is not None for p in procs) and any(p.pid in our_pids for p in procs):
+        ours = sum(p.used or 0 for p in procs if p.pid in our_pids)
+        others = tuple(p for p in procs if p.pid not in our_pids)
+        return GpuMeasure(reading, max(0, reading.used - ours), ours, "processes", others)
+    others = tuple(p for p in procs or () if p.pid not in our_pids)
+    if baseline_free is not None:
+        foreign = max(0, reading.total - baseline_free)
+        return GpuMeasure(reading, foreign, max(0, reading.used - foreign), "baseline", others)
+    return GpuMeasure(reading, reading.used, 0, "unattributed", others)
 
 
 @attrs.frozen
 class DeviceBudget:
-    """One device's memory as the router knows it.
+    """One device's memory as the router knows it (bytes).
 
-    ``device`` is a GPU id (NVML index, which is what CUDA_VISIBLE_DEVICES takes in the default PCI order)
-    or ``"cpu"``. ``total``/``free`` are bytes reported by NVML or /proc/meminfo (None when not queried);
-    ``declared`` is bytes from ``[devices.N] memory_mib`` (None when not declared); ``source`` says which
-    value :attr:`budget` uses: ``"config"``, ``"nvml"``, ``"host"`` or ``"unknown"``.
+    ``device`` is a GPU id or ``"cpu"``. ``total`` and ``available`` (what this router may use: total minus
+    foreign) come from the driver or /proc/meminfo (None when not measured); ``foreign`` and ``ours`` split
+    the memory in use (None when not measured); ``method`` says how (see :func:`measure`; ``"host"`` for the
+    CPU); ``declared`` is ``[devices.N] memory_mib`` in bytes. ``reader`` names the driver interface the
+    reading came from (``nvml``, ``amdsmi``, ``sysfs``).
     """
 
     device: int | str
     name: str = ""
+    bus_id: str = ""
     total: int | None = None
-    free: int | None = None
+    available: int | None = None
     declared: int | None = None
+    foreign: int | None = None
+    ours: int | None = None
+    method: str = ""
+    reader: str = ""
 
     @property
     def budget(self) -> int | None:
-        """Bytes placement may plan for: the declared budget if any, else the free memory."""
-        return self.declared if self.declared is not None else self.free
+        """Bytes placement may plan for: the declared budget if any, else the available memory."""
+        return self.declared if self.declared is not None else self.available
 
     @property
     def source(self) -> str:
         if self.declared is not None:
             return "config"
-        if self.free is None:
+        if self.available is None:
             return "unknown"
-        return "host" if self.device == CPU else "nvml"
+        return "host" if self.device == CPU else (self.reader or "measured")
 
-
-def _import_pynvml() -> Any:
-    # pynvml's package wrapper warns about its own deprecation on import; that is not our user's problem.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import pynvml
-
-    return pynvml
-
-
-def nvml_budgets(loader: Callable[[], Any] = _import_pynvml) -> dict[int, DeviceBudget]:
-    """Total and free memory of every GPU NVML sees, by NVML index; empty when NVML is unusable."""
-    try:
-        nvml = loader()
-        nvml.nvmlInit()
-    except Exception as exc:  # missing module, missing driver, NVMLError_*: all mean "no NVML here"
-        log.debug("NVML unavailable, GPU memory not queried: %s", exc or type(exc).__name__)
-        return {}
-    out: dict[int, DeviceBudget] = {}
-    try:
-        for index in range(int(nvml.nvmlDeviceGetCount())):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            info = nvml.nvmlDeviceGetMemoryInfo(handle)
-            name = nvml.nvmlDeviceGetName(handle)
-            if isinstance(name, bytes):
-                name = name.decode(errors="replace")
-            out[index] = DeviceBudget(
-                device=index, name=str(name), total=int(info.total), free=int(info.free)
-            )
-    except Exception as exc:
-        log.debug("NVML query failed, GPU memory not queried: %s", exc or type(exc).__name__)
-        out = {}
-    finally:
-        with contextlib.suppress(Exception):
-            nvml.nvmlShutdown()
-    return out
+    @classmethod
+    def measured(cls, gpu: int, m: GpuMeasure, reader: str) -> DeviceBudget:
+        r = m.reading
+        return cls(
+            device=gpu,
+            name=r.name,
+            bus_id=r.bus_id,
+            total=r.total,
+            available=m.available,
+            foreign=m.foreign,
+            ours=m.ours,
+            method=m.method,
+            reader=reader,
+        )
 
 
 def _meminfo(path: Path) -> dict[str, int]:
@@ -119,7 +149,11 @@ def host_budget(meminfo: Path = Path("/proc/meminfo")) -> DeviceBudget:
     """The ``"cpu"`` device: MemTotal and MemAvailable of the host (None where /proc/meminfo is absent)."""
     values = _meminfo(meminfo)
     return DeviceBudget(
-        device=CPU, name="host memory", total=values.get("MemTotal"), free=values.get("MemAvailable")
+        device=CPU,
+        name="host memory",
+        total=values.get("MemTotal"),
+        available=values.get("MemAvailable"),
+        method="host",
     )
 
 
@@ -127,28 +161,30 @@ def gather_budgets(
     declared_mib: Mapping[int, int | None] | None = None,
     *,
     num_gpus: int | None = None,
-    nvml: Callable[[], dict[int, DeviceBudget]] = nvml_budgets,
-    host: Callable[[], DeviceBudget] = host_budget,
+    measured: Callable[[], Mapping[int, DeviceBudget]] = dict,
+    host: Callable[[], DeviceBudget] | None = None,
 ) -> dict[int | str, DeviceBudget]:
-    """Budgets of every device, GPUs by id, from NVML and the declared ``[devices.N] memory_mib`` values.
+    """Budgets of every GPU, by id, from the measured ones and the declared ``[devices.N] memory_mib``.
 
     ``num_gpus`` (``router.num_gpus``) fixes the GPU ids to 0..num_gpus-1: GPUs neither source knows get
-    an unknown budget, NVML GPUs beyond the count are left out, and 0 means a CPU-only host. When no GPU
-    is known at all the result is ``{"cpu": host()}``: models run on the CPU against host memory.
+    an unknown budget and measured GPUs beyond the count are left out (0: no GPU is read at all). ``host``,
+    when given, adds the ``"cpu"`` device for models that run without a GPU.
     """
-    found = {} if num_gpus == 0 else nvml()
-    out: dict[int, DeviceBudget] = dict(found)
+    found = {} if num_gpus == 0 else dict(measured())
+    out: dict[int | str, DeviceBudget] = {}
+    out.update(found)
     for gpu, mib in (declared_mib or {}).items():
         if mib is None:
             continue
         out[gpu] = attrs.evolve(found.get(gpu, DeviceBudget(device=gpu)), declared=int(mib) * MiB)
     if num_gpus is not None:
-        out = {gpu: b for gpu, b in out.items() if gpu < num_gpus}
+        out = {gpu: b for gpu, b in out.items() if isinstance(gpu, int) and gpu < num_gpus}
         for gpu in range(num_gpus):
             out.setdefault(gpu, DeviceBudget(device=gpu))
-    if not out:
-        return {CPU: host()}
-    return dict(sorted(out.items()))
+    gpus: dict[int | str, DeviceBudget] = dict(sorted((g, b) for g, b in out.items() if isinstance(g, int)))
+    if host is not None:
+        gpus[CPU] = host()
+    return gpus
 
 
 def budget_bytes(budgets: Mapping[int | str, DeviceBudget]) -> dict[int | str, int | None]:

@@ -12,12 +12,19 @@ Verdicts
     ``fits``            automatic mode found a context; ``ctx`` is what to pass to ``-c``.
     ``refused``         automatic mode: not even ``ctx_floor`` tokens of context fit; ``message`` has the
                         sums. The prediction (``rows``) is for every layer on the GPUs, at the floor.
+                        Also: a llama-server flag placement cannot model (``PlacementInput.unsupported``;
+                        ``message`` names the flag and why, ``rows`` is empty). Refused rather than
+                        "error" because "error" starts the model blind, and a GPU shared with other models
+                        must not be filled by a load nobody predicted.
     ``override``        ``ctx`` and/or ``gpu_layers`` came from the operator and are used as given (a
                         missing ``ctx`` is still chosen to fit); ``message`` warns when the prediction
-                        exceeds a budget.
-    ``unknown-budget``  some GPU's budget is unknown; the prediction is reported at the operator's
-                        context or, failing that, the trained context (rounded down to ``256 *
-                        parallel``).
+                        exceeds a budget. Any flag that keeps something in host memory (tensor overrides,
+                        ``--no-kv-offload``, ``--no-mmproj-offload``, a partial ``-ngld``) is such an
+                        operator setting too, and the message says what it moved and how much.
+    ``unknown-budget``  some GPU's memory cannot be read and is not declared. The GPU is still a GPU:
+                        every layer is offloaded, and the context is the operator's or
+                        ``min(trained context, ctx_default)`` (rounded down to ``256 * parallel``); the
+                        prediction is reported at that context.
     ``error``           the header could not be read or lacks what the arithmetic needs.
 
 Context
@@ -33,9 +40,18 @@ Several GPUs
     Layers are split in proportion to the GPUs' budgets; ``ModelPlan.tensor_split`` carries those
     weights for ``--tensor-split``, since llama.cpp would otherwise split by the free memory it sees.
 
-A host without GPUs
-    ``devices`` holding only ``"cpu"``: the model runs on the CPU (``-ngl 0``, any ``gpu_layers``
-    ignored) against the host's available memory; the same verdicts apply.
+Models without a GPU
+    ``gpus = ()`` (the operator's explicit choice: ``gpus = []`` or ``num_gpus = 0``): the model runs on
+    the CPU (``-ngl 0``, any ``gpu_layers`` ignored) against the host's available memory (the ``"cpu"``
+    device); the same verdicts apply. Nothing else is ever planned on the CPU.
+
+llama-server flags
+    ``PlacementInput`` carries every flag that moves memory, read by ``router.placement_flags``: the
+    micro-batch (``ubatch`` clamped to ``batch``), ``--kv-unified``, ``--swa-full``,
+    ``--no-kv-offload``, ``--tensor-split`` (then the operator's split is used, not the budgets'; ``-sm
+    none`` arrives as all weight on the first GPU), tensor overrides, a projector and a draft model. The
+    companions' headers are read by :func:`plan_model` into an :class:`~router.placement.extras.Extras`
+    and added by ``router.placement.extras`` (see there for the rules).
 
 Replicas
     ``num_instance`` replicas are separate processes on the same GPUs, each needing the full amount:
@@ -48,10 +64,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import attrs
 
 from router.config_values import FrozenMap
+from router.placement.extras import DraftInput, Extras, HostTensors, add_draft, add_projector, read_extras
 from router.placement.footprint import (
     CPU,
     DEFAULT_RESERVE,
@@ -67,6 +85,7 @@ from router.placement.gguf_header import GGUFError, read_header
 __all__ = [
     "VERDICTS",
     "DeviceRow",
+    "DraftInput",
     "ModelPlan",
     "PlacementInput",
     "decide",
@@ -77,6 +96,7 @@ MiB = 1 << 20
 GiB = 1 << 30
 VERDICTS = ("fits", "refused", "override", "unknown-budget", "error")
 Device = int | str
+DEFAULT_BATCH = 2048  # llama.cpp's -b default; -ub is clamped to it
 
 
 def _gpus(value: Sequence[int]) -> tuple[int, ...]:
@@ -91,6 +111,14 @@ class PlacementInput:
     llama-server runs with flash attention (its default ``auto`` turns it on wherever the backend supports
     it; quantised V caches require it). ``kv_unified`` mirrors ``--kv-unified`` (one KV stream shared by the
     slots instead of one per slot).
+
+    The rest mirror llama-server flags (see the module docstring): ``ubatch``/``batch`` (``-ub``/``-b``;
+    the effective micro-batch is the smaller), ``swa_full``, ``kv_offload`` (False: ``--no-kv-offload``),
+    ``op_offload`` (False: ``--no-op-offload``), ``tensor_split`` (the operator's ``--tensor-split``
+    weights, one per GPU of ``gpus``; empty: split by budgets), ``host_patterns`` (tensor-name regexes
+    kept in host memory) with ``host_flags`` (the flags as written, for messages), ``mmproj`` and
+    ``mmproj_offload``, ``draft``; ``unsupported`` lists the flags placement cannot model, each with the
+    reason, and makes the verdict "refused".
     """
 
     name: str
@@ -104,13 +132,28 @@ class PlacementInput:
     cache_type_v: str = "f16"
     ubatch: int = DEFAULT_UBATCH
     ctx_floor: int = 2048
+    ctx_default: int = 4096
     flash_attn: bool = True
     kv_unified: bool = False
+    batch: int = DEFAULT_BATCH
+    swa_full: bool = False
+    kv_offload: bool = True
+    op_offload: bool = True
+    tensor_split: tuple[float, ...] = attrs.field(default=(), converter=tuple)
+    host_patterns: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    host_flags: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    mmproj: Path | None = None
+    mmproj_offload: bool = True
+    draft: DraftInput | None = None
+    unsupported: tuple[str, ...] = attrs.field(default=(), converter=tuple)
 
 
 @attrs.frozen
 class DeviceRow:
-    """Per-replica prediction for one device, with its budget (None: unknown). Bytes throughout."""
+    """Per-replica prediction for one device, with its budget (None: unknown). Bytes throughout.
+
+    ``draft`` and ``projector`` are the parts of ``total`` a draft model and a projector take (already
+    inside weights, kv, recurrent and compute)."""
 
     device: Device
     layers: int
@@ -122,6 +165,8 @@ class DeviceRow:
     reserve: int
     total: int
     budget: int | None
+    draft: int = 0
+    projector: int = 0
 
     @property
     def label(self) -> str:
@@ -136,8 +181,10 @@ class ModelPlan:
     tried in ``ctx_tried``); ``ctx_per_slot`` the cells each slot gets (llama.cpp's n_ctx_seq);
     ``gpu_layers`` the ``-ngl`` value (``n_layer + 1`` = everything, 0 on a CPU-only host);
     ``rows`` one :class:`DeviceRow` per device; ``need_by_gpu`` the bytes one replica needs on each GPU
-    (empty on a CPU-only host); ``host_bytes`` the weights one replica keeps in host memory (token
-    embeddings, and layers a partial ``gpu_layers`` leaves on the CPU); ``trained_ctx`` the model's
+    (empty on a CPU-only host); ``host_bytes`` what one replica keeps in host memory besides compute
+    buffers (token embeddings, layers a partial ``gpu_layers`` leaves on the CPU, tensors overridden to
+    the CPU, a projector that is not offloaded, the KV cache under ``--no-kv-offload``, and the same for
+    a draft model); ``trained_ctx`` the model's
     training context (0 when the header does not say). ``tensor_split`` (multi-GPU models with known
     budgets) holds the per-GPU weights, in MiB, the layer split was planned with: pass it as
     ``--tensor-split`` so llama.cpp splits the layers as planned instead of by the free memory it sees
@@ -190,6 +237,8 @@ def _rows(fp: Footprint, budgets: Mapping[Device, int | None]) -> tuple[DeviceRo
             reserve=d.reserve,
             total=d.total,
             budget=budgets.get(d.device),
+            draft=d.draft,
+            projector=d.projector,
         )
         for d in fp.devices
     )
@@ -205,7 +254,10 @@ def _breakdown(row: DeviceRow, ctx: int) -> str:
     if row.recurrent:
         parts.append(f"recurrent state {_gib(row.recurrent)}")
     parts += [f"compute {_gib(row.compute)}", f"reserve {_gib(row.reserve)}"]
-    return " + ".join(parts)
+    text = " + ".join(parts)
+    inside = [f"draft model {_gib(row.draft)}"] if row.draft else []
+    inside += [f"projector {_gib(row.projector)}"] if row.projector else []
+    return f"{text}; of which {', '.join(inside)}" if inside else text
 
 
 def _shortfall(name: str, rows: Sequence[DeviceRow], ctx: int, replicas: int) -> str:
@@ -239,6 +291,8 @@ def _plan(
     need = {} if cpu_only else {int(r.device): r.total for r in rows}
     known = [b for b in budgets.values() if b is not None]
     split = tuple(max(1, b // MiB) for b in known) if len(known) == len(rows) > 1 else ()
+    if inp.tensor_split:
+        split = ()  # the operator's --tensor-split is on the command line already
     return ModelPlan(
         name=inp.name,
         path=str(inp.path),
@@ -252,7 +306,7 @@ def _plan(
         num_instance=inp.num_instance,
         rows=rows,
         need_by_gpu=need,
-        host_bytes=fp.host_weights,
+        host_bytes=fp.host_bytes,
         trained_ctx=geometry.n_ctx_train,
         cache_type_k=inp.cache_type_k,
         cache_type_v=inp.cache_type_v,
@@ -265,40 +319,87 @@ def decide(
     geometry: ModelGeometry,
     devices: Mapping[Device, int | None],
     reserve: int = DEFAULT_RESERVE,
+    extras: Extras | None = None,
 ) -> ModelPlan:
     """The placement decision for one model whose header has been read (pure; see the module doc).
 
     ``devices`` maps each device to its budget in bytes (None: unknown). A mapping with GPUs (int keys)
     places the model on ``inp.gpus``; a mapping with only ``"cpu"`` means a host without GPUs: the model
-    runs on the CPU (``-ngl 0``) against the host budget.
+    runs on the CPU (``-ngl 0``) against the host budget. ``extras`` holds what the companions' headers
+    say (required when ``inp`` has tensor overrides, a projector or a draft model).
     """
+    if inp.unsupported:
+        return _unsupported(inp)
+    extras = extras if extras is not None else Extras()
     if inp.parallel < 1 or inp.num_instance < 1:
         return _error(inp, f"parallel ({inp.parallel}) and num_instance ({inp.num_instance}) must be >= 1")
-    cpu_only = not any(isinstance(d, int) for d in devices) and CPU in devices
+    cpu_only = not inp.gpus
     targets: tuple[Device, ...] = (CPU,) if cpu_only else tuple(inp.gpus)
-    if not targets:
-        return _error(inp, "the model names no GPU")
     budgets = {d: devices.get(d) for d in targets}
     known = all(b is not None for b in budgets.values())
     shares = [float(b) for b in budgets.values() if b is not None] if known else None
+    if inp.tensor_split and not cpu_only:
+        shares = _operator_shares(inp.tensor_split, len(targets))
     replicas = inp.num_instance
     gpu_layers = None if cpu_only else inp.gpu_layers
+    settings = _settings(inp, extras, cpu_only)
+    ubatch = min(inp.ubatch, inp.batch)
+    # With a draft model each slot verifies 1 + n_max tokens a step, and the main model computes logits
+    # for all of them.
+    n_outputs = inp.parallel * (1 + max(inp.draft.n_max, 0)) if inp.draft is not None else None
 
-    def run(ctx: int) -> Footprint:
+    def one(model: ModelGeometry, ctx: int, **kw: Any) -> Footprint:
         return estimate(
-            geometry,
+            model,
             targets,
             ctx=ctx,
             n_seq=inp.parallel,
+            shares=shares,
+            ubatch=ubatch,
+            flash_attn=inp.flash_attn,
+            unified=inp.kv_unified,
+            swa_full=inp.swa_full,
+            kv_offload=inp.kv_offload,
+            op_offload=inp.op_offload,
+            **kw,
+        )
+
+    def run(ctx: int) -> Footprint:
+        if inp.host_patterns and extras.host is None:
+            raise FootprintError("the tensor overrides were not matched against the header")
+        fp = one(
+            geometry,
+            ctx,
             cache_type_k=inp.cache_type_k,
             cache_type_v=inp.cache_type_v,
             gpu_layers=gpu_layers,
-            shares=shares,
-            ubatch=inp.ubatch,
-            flash_attn=inp.flash_attn,
-            unified=inp.kv_unified,
+            host_tensors=extras.host.by_layer if extras.host is not None else None,
+            n_outputs=n_outputs,
             reserve=reserve,
         )
+        if inp.draft is not None:
+            if extras.draft is None:
+                raise FootprintError("the draft model's header was not read")
+            draft = inp.draft
+            if draft.host_patterns and extras.draft_host is None:
+                raise FootprintError("the draft model's tensor overrides were not matched against its header")
+            fp = add_draft(
+                fp,
+                one(
+                    extras.draft,
+                    draft.ctx if draft.ctx is not None else ctx,
+                    cache_type_k=draft.cache_type_k,
+                    cache_type_v=draft.cache_type_v,
+                    gpu_layers=None if cpu_only else draft.gpu_layers,
+                    host_tensors=extras.draft_host.by_layer if extras.draft_host is not None else None,
+                    reserve=0,
+                ),
+            )
+        if inp.mmproj is not None:
+            if extras.projector is None:
+                raise FootprintError("the projector's header was not read")
+            fp = add_projector(fp, extras.projector, offload=inp.mmproj_offload, flash_attn=inp.flash_attn)
+        return fp
 
     def fits(fp: Footprint) -> bool:
         return not _over(_rows(fp, budgets), replicas)
@@ -318,29 +419,32 @@ def decide(
         lo = min(lo, hi)  # a floor above the trained context is capped to it
 
         if not known:
-            ctx = inp.ctx if inp.ctx is not None else hi * step
+            default = max(1, min(hi, inp.ctx_default // step))
+            ctx = inp.ctx if inp.ctx is not None else default * step
             fp = run(ctx)
             unknown = ", ".join(str(d) for d, b in budgets.items() if b is None)
             msg = (
-                f"{inp.name}: memory budget of GPU {unknown} unknown (no NVML reading and no "
-                f"[devices.N] memory_mib); predicted need at {ctx} ctx: "
+                f"{inp.name}: memory of GPU {unknown} cannot be read (no NVML, amdsmi or sysfs reading) "
+                "and no [devices.N] memory_mib is declared: every layer is offloaded "
+                f"and ctx is {ctx} ({'as configured' if inp.ctx is not None else 'ctx_default'}); "
+                "predicted need: "
                 + "; ".join(f"{r.label} ~{_gib(r.total)} GiB" for r in _rows(fp, budgets))
+                + ". Declare the GPU's memory to plan against it."
             )
             return plan("unknown-budget", msg, fp, ctx)
 
-        override = inp.ctx is not None or (inp.gpu_layers is not None and not cpu_only)
+        override = bool(settings)
         if inp.ctx is not None:
             fp = run(inp.ctx)
-            return plan(
-                "override", _override_message(inp, _rows(fp, budgets), inp.ctx, replicas), fp, inp.ctx
-            )
+            message = _override_message(inp, settings, _rows(fp, budgets), inp.ctx, replicas)
+            return plan("override", message, fp, inp.ctx)
 
         # The largest candidate context between the floor and the trained context whose footprint fits.
         fp_floor = run(lo * step)
         if not fits(fp_floor):
             ctx = lo * step
             if override:
-                message = _override_message(inp, _rows(fp_floor, budgets), ctx, replicas)
+                message = _override_message(inp, settings, _rows(fp_floor, budgets), ctx, replicas)
                 return plan("override", message, fp_floor, ctx)
             rows = _over(_rows(fp_floor, budgets), replicas)
             msg = (
@@ -365,23 +469,88 @@ def decide(
         if replicas > 1:
             note += f" for {replicas} replicas"
         if override:
-            return plan("override", note + f" with gpu_layers={inp.gpu_layers}", best_fp, ctx)
+            return plan("override", note + " with " + ", ".join(settings), best_fp, ctx)
         return plan("fits", note, best_fp, ctx)
     except FootprintError as exc:
         return _error(inp, f"{inp.name}: {exc}")
 
 
-def _override_message(inp: PlacementInput, rows: Sequence[DeviceRow], ctx: int, replicas: int) -> str:
-    over = _over(rows, replicas)
-    given = []
-    if inp.ctx is not None:
-        given.append(f"ctx={inp.ctx}")
+def _operator_shares(split: Sequence[float], n: int) -> list[float]:
+    """The operator's --tensor-split weights for n visible GPUs (missing entries weigh 0)."""
+    return [max(0.0, float(v)) for v in split[:n]] + [0.0] * max(0, n - len(split))
+
+
+def _size(n: int) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
+
+
+def _settings(inp: PlacementInput, extras: Extras, cpu_only: bool) -> list[str]:
+    """The operator's settings that make a verdict "override", each saying what it moved to the host.
+
+    A model that runs on the CPU alone moves nothing: only its ``ctx`` counts there.
+    """
+    given = [f"ctx={inp.ctx}"] if inp.ctx is not None else []
+    if cpu_only:
+        return given
     if inp.gpu_layers is not None:
         given.append(f"gpu_layers={inp.gpu_layers}")
+    if inp.host_patterns:
+        given.append(_moved(inp.host_flags, extras.host, "weights"))
+    if not inp.kv_offload:
+        given.append("--no-kv-offload (the KV cache and recurrent state in host memory)")
+    if inp.mmproj is not None and not inp.mmproj_offload:
+        weights = extras.projector.weights if extras.projector is not None else 0
+        given.append(f"--no-mmproj-offload (the projector's {_size(weights)} in host memory)")
+    draft = inp.draft
+    if draft is not None and extras.draft is not None:
+        slots = extras.draft.n_layer + 1
+        if draft.gpu_layers is not None and draft.gpu_layers < slots:
+            on_cpu = slots - max(draft.gpu_layers, 0)
+            given.append(f"gpu-layers-draft={draft.gpu_layers} ({on_cpu} of {slots} draft layers on the CPU)")
+        if draft.host_patterns:
+            given.append(_moved(draft.host_flags, extras.draft_host, "draft weights"))
+    return given
+
+
+def _moved(flags: Sequence[str], host: HostTensors | None, what: str) -> str:
+    text = " ".join(flags) or "tensor overrides"
+    if host is None or not host.count:
+        return f"{text} (matches no tensor: nothing moved)"
+    return f"{text} (keeps {host.count} tensors, {_size(host.total)} of {what}, in host memory)"
+
+
+def _unsupported(inp: PlacementInput) -> ModelPlan:
+    message = (
+        f"{inp.name}: placement cannot predict the memory of " + "; ".join(inp.unsupported) + ". Remove the "
+        "flag (or set it to false in the model's table to drop a [defaults] one) to have the model placed"
+    )
+    return ModelPlan(
+        name=inp.name,
+        path=str(inp.path),
+        verdict="refused",
+        message=message,
+        parallel=inp.parallel,
+        num_instance=inp.num_instance,
+        cache_type_k=inp.cache_type_k,
+        cache_type_v=inp.cache_type_v,
+    )
+
+
+def _override_message(
+    inp: PlacementInput, given: Sequence[str], rows: Sequence[DeviceRow], ctx: int, replicas: int
+) -> str:
+    over = _over(rows, replicas)
     head = f"{inp.name}: operator setting {', '.join(given)} used as given"
     if not over:
         return head + "; predicted: " + "; ".join(f"{r.label} ~{_gib(r.total)} GiB" for r in rows)
-    return f"{head}; warning: {_shortfall(inp.name, over, ctx, replicas)}: the load may fail or spill"
+    sums = "; ".join(
+        f"predicted {_gib(r.total * replicas)} GiB over budget {_gib(r.budget)} GiB on {r.label}"
+        for r in over
+    )
+    return (
+        f"{head}; override: {sums} ({_shortfall(inp.name, over, ctx, replicas)}). It loads anyway and "
+        "takes the whole GPU; only a real out-of-memory at load fails it"
+    )
 
 
 def _error(inp: PlacementInput, reason: str) -> ModelPlan:
@@ -400,7 +569,13 @@ def _error(inp: PlacementInput, reason: str) -> ModelPlan:
 def plan_model(
     inp: PlacementInput, devices: Mapping[Device, int | None], reserve: int = DEFAULT_RESERVE
 ) -> ModelPlan:
-    """Read the model's GGUF header and :func:`decide`; an unreadable file gives the verdict "error"."""
+    """Read the model's GGUF header (and its projector's and draft model's) and :func:`decide`.
+
+    An unreadable file gives the verdict "error"; a flag placement cannot model, "refused" before any
+    file is read.
+    """
+    if inp.unsupported:
+        return _unsupported(inp)
     try:
         header = read_header(inp.path)
         geometry = geometry_from_header(header)
@@ -408,4 +583,10 @@ def plan_model(
         return _error(inp, f"{inp.name}: cannot read the model: {exc}")
     except (FootprintError, OSError) as exc:
         return _error(inp, f"{inp.name}: cannot place {os.fspath(inp.path)}: {exc}")
-    return decide(inp, geometry, devices, reserve)
+    try:
+        extras = read_extras(
+            header, geometry, host_patterns=inp.host_patterns, mmproj=inp.mmproj, draft=inp.draft
+        )
+    except (GGUFError, FootprintError, OSError) as exc:
+        return _error(inp, f"{inp.name}: {exc}")
+    return decide(inp, geometry, devices, reserve, extras)

@@ -32,6 +32,28 @@ KV cache
     period (gemma2 2, gemma3 6, cohere2 4, gpt-oss 2, llama4 4, ...). No sliding at all when the window is 0.
     Layers that share another layer's cache (gemma3n, ``attention.shared_kv_layers``) hold none.
 
+Micro-batch (``-ub``, ``-b``)
+    ``n_ubatch`` (default 512) is clamped to ``n_batch`` (default 2048) and to the context; it sets the
+    ``+ n_ubatch`` term of the sliding-window cells above and the token count of the compute buffer.
+
+Full-size sliding-window cache (``--swa-full``)
+    Sliding-window layers then hold as many cells as full-attention layers (llama.cpp sets the SWA cache
+    size to the base size), so ``swa_cells = n_ctx_seq``.
+
+KV cache in host memory (``--no-kv-offload``)
+    The KV cache and the recurrent state of every layer go to host memory instead of the layer's GPU
+    (``Footprint.host_kv``). The GPU compute buffer is still counted as if attention ran there: an
+    overestimate, kept because the operator chose this to save GPU memory and the rest must stay safe.
+
+Tensors kept in host memory (``--override-tensor PATTERN=CPU``, ``--cpu-moe``, ``--n-cpu-moe``)
+    ``host_tensors[i]`` bytes of layer i (index ``n_layer``: the output layer) stay in host memory; they
+    are taken off the GPU that holds the layer and counted in ``host_weights``. With op offload (llama.cpp's
+    default, ``--no-op-offload`` turns it off) a large batch runs the matrix products of host-kept weights
+    on the first GPU, copying one layer's weights at a time into that GPU's compute buffer; the first GPU's
+    compute buffer therefore grows by the largest single layer kept on the host (whole layers left on the
+    CPU by a partial ``-ngl`` included). llama.cpp offloads only batches of 32 tokens or more, so nothing
+    is added below ``n_ubatch`` 32.
+
 Recurrent state
     A recurrent layer keeps a fixed f32 state per sequence (``max(1, P)`` of them), whatever the context:
     ``(conv_kernel-1) * (inner_size + 2*group_count*state_size) + state_size*inner_size`` floats (Mamba,
@@ -80,6 +102,7 @@ __all__ = [
     "geometry_from_header",
     "kv_cell_bytes",
     "pad256",
+    "tensor_layer",
 ]
 
 MiB = 1 << 20
@@ -310,6 +333,17 @@ def _recurrent_floats(header: GGUFHeader, n_embd: int) -> int:
     return conv + d_state * d_inner
 
 
+def tensor_layer(name: str, n_layer: int) -> int | None:
+    """The layer a tensor is loaded with: N for ``blk.N.*`` (N < n_layer), None for the input tensors
+    (always in host memory), ``n_layer`` (the output layer) for every other tensor."""
+    m = _BLOCK_RE.match(name)
+    if m is not None and int(m.group(1)) < n_layer:
+        return int(m.group(1))
+    if name.startswith(INPUT_TENSOR_PREFIXES):
+        return None
+    return n_layer
+
+
 def geometry_from_header(header: GGUFHeader) -> ModelGeometry:
     """Everything the arithmetic needs from a header; FootprintError when a required key is missing."""
     arch = header.arch
@@ -458,9 +492,19 @@ class ContextLayout:
 
 
 def context_layout(
-    ctx: int, n_seq: int, *, n_swa: int = 0, ubatch: int = DEFAULT_UBATCH, unified: bool = False
+    ctx: int,
+    n_seq: int,
+    *,
+    n_swa: int = 0,
+    ubatch: int = DEFAULT_UBATCH,
+    unified: bool = False,
+    swa_full: bool = False,
 ) -> ContextLayout:
-    """llama.cpp's context arithmetic: ``-c ctx -np n_seq`` -> cells per stream (see ContextLayout)."""
+    """llama.cpp's context arithmetic: ``-c ctx -np n_seq`` -> cells per stream (see ContextLayout).
+
+    Sliding-window cells per stream: ``pad256(min(n_ctx_seq, n_swa * (n_seq if unified else 1) +
+    ubatch))``, or ``n_ctx_seq`` with ``swa_full``.
+    """
     if ctx <= 0:
         raise FootprintError(f"context must be positive, got {ctx}")
     if n_seq <= 0:
@@ -474,6 +518,8 @@ def context_layout(
         n_ctx_seq = pad256(n_ctx // n_seq)
         n_ctx = n_ctx_seq * n_seq
         swa = pad256(min(n_ctx_seq, n_swa + ubatch)) if n_swa > 0 else 0
+    if swa_full and n_swa > 0:
+        swa = n_ctx_seq
     return ContextLayout(
         requested=ctx, n_seq=n_seq, n_stream=n_stream, n_ctx=n_ctx, n_ctx_seq=n_ctx_seq, swa_cells=swa
     )
@@ -576,6 +622,8 @@ class DeviceFootprint:
     ``kv_per_token`` is the bytes each context token costs in this device's full-attention layers (what
     grows with ``-c``); ``kv`` the whole KV cache at the chosen context including sliding-window layers;
     ``recurrent`` the fixed recurrent state; ``total = weights + kv + recurrent + compute + reserve``.
+    ``draft`` and ``projector`` say how much of that total belongs to a draft model and to a multimodal
+    projector (already counted in the other fields; see ``router.placement.extras``).
     """
 
     device: int | str
@@ -586,6 +634,8 @@ class DeviceFootprint:
     recurrent: int
     compute: int
     reserve: int
+    draft: int = 0
+    projector: int = 0
 
     @property
     def total(self) -> int:
@@ -594,15 +644,44 @@ class DeviceFootprint:
 
 @attrs.frozen
 class Footprint:
-    """Per-device predictions for one replica, plus the host memory the GPU placement leaves on the CPU."""
+    """Per-device predictions for one replica, plus the host memory the GPU placement leaves on the CPU.
+
+    ``host_weights`` are weights kept in host memory (token embeddings, layers a partial ``-ngl`` leaves on
+    the CPU, tensors overridden to the CPU); ``host_kv`` the KV cache and recurrent state kept there by
+    ``--no-kv-offload``. Both are 0 for a model that runs on the CPU alone, whose row holds everything.
+    """
 
     layout: ContextLayout
     gpu_layers: int
     devices: tuple[DeviceFootprint, ...]
     host_weights: int
+    host_kv: int = 0
+
+    @property
+    def host_bytes(self) -> int:
+        return self.host_weights + self.host_kv
 
     def by_device(self) -> dict[int | str, DeviceFootprint]:
         return {d.device: d for d in self.devices}
+
+
+# llama.cpp runs a host-kept weight's product on a GPU only for batches of at least this many tokens.
+OP_OFFLOAD_MIN_BATCH = 32
+
+
+def _host_tensor_bytes(geometry: ModelGeometry, host_tensors: Sequence[int] | None) -> tuple[int, ...]:
+    n = geometry.n_layer + 1
+    if host_tensors is None:
+        return (0,) * n
+    values = tuple(int(b) for b in host_tensors)
+    if len(values) != n:
+        raise FootprintError(
+            f"host tensor bytes need {n} entries (layers, then the output), got {len(values)}"
+        )
+    sizes = (*geometry.layer_weights, geometry.output_weights)
+    if any(b < 0 or b > size for b, size in zip(values, sizes, strict=True)):
+        raise FootprintError("host tensor bytes exceed a layer's weights")
+    return values
 
 
 def estimate(
@@ -618,6 +697,11 @@ def estimate(
     ubatch: int = DEFAULT_UBATCH,
     flash_attn: bool = True,
     unified: bool = False,
+    swa_full: bool = False,
+    kv_offload: bool = True,
+    host_tensors: Sequence[int] | None = None,
+    op_offload: bool = True,
+    n_outputs: int | None = None,
     reserve: int = DEFAULT_RESERVE,
 ) -> Footprint:
     """Predict what one llama-server process of this model allocates on each device.
@@ -625,30 +709,38 @@ def estimate(
     ``devices`` are the GPUs the process sees, in the order it sees them, or ``("cpu",)`` for a run on the
     CPU alone (``-ngl 0``; everything, ``token_embd`` included, is then counted on the CPU device).
     ``gpu_layers`` defaults to all layers (``n_layer + 1``); ``shares`` weigh the layer split between
-    GPUs (default: equal).
+    GPUs (default: equal). ``ubatch`` is the effective micro-batch (already clamped to ``-b``);
+    ``swa_full``, ``kv_offload`` (False: ``--no-kv-offload``), ``host_tensors`` (bytes per layer, output
+    layer last, kept on the host by tensor overrides) and ``op_offload`` follow the module docstring;
+    ``n_outputs`` is the logits rows per micro-batch (default: one per slot).
     """
     if not devices:
         raise FootprintError("no device to place the model on")
-    layout = context_layout(ctx, n_seq, n_swa=geometry.n_swa, ubatch=ubatch, unified=unified)
+    layout = context_layout(
+        ctx, n_seq, n_swa=geometry.n_swa, ubatch=ubatch, unified=unified, swa_full=swa_full
+    )
     n_layer = geometry.n_layer
     cpu_only = tuple(devices) == (CPU,)
     if cpu_only:
         ngl = 0
         owner: tuple[int | None, ...] = (0,) * (n_layer + 1)
+        moved = (0,) * (n_layer + 1)  # already in host memory
     else:
         if CPU in devices:
             raise FootprintError("the CPU cannot be listed with GPUs")
         ngl = n_layer + 1 if gpu_layers is None else max(gpu_layers, 0)
         owner = assign_layers(n_layer, ngl, shares if shares is not None else [1.0] * len(devices))
+        moved = _host_tensor_bytes(geometry, host_tensors)
 
     rows = []
     host_weights = geometry.input_weights
+    host_kv = 0
     for d_index, device in enumerate(devices):
         mine = [i for i in range(n_layer) if owner[i] == d_index]
-        weights = sum(geometry.layer_weights[i] for i in mine)
+        weights = sum(geometry.layer_weights[i] - moved[i] for i in mine)
         has_output = owner[n_layer] == d_index
         if has_output:
-            weights += geometry.output_weights
+            weights += geometry.output_weights - moved[n_layer]
         if cpu_only:
             weights += geometry.input_weights  # the tied output shares this copy
         elif has_output:
@@ -665,8 +757,18 @@ def estimate(
                 kv_token += cell
                 kv += cell * layout.full_cells
             recurrent += 4 * layer.recurrent_floats * max(1, n_seq)
+        if not kv_offload and not cpu_only:
+            host_kv += kv + recurrent
+            kv_token = kv = recurrent = 0
         compute = (
-            compute_bytes(geometry, layout, ubatch=ubatch, flash_attn=flash_attn, with_output=has_output)
+            compute_bytes(
+                geometry,
+                layout,
+                ubatch=ubatch,
+                flash_attn=flash_attn,
+                with_output=has_output,
+                n_outputs=n_outputs,
+            )
             if mine or has_output
             else 0
         )
@@ -682,14 +784,20 @@ def estimate(
                 reserve=reserve,
             )
         )
-    if not cpu_only:
-        # Layers left on the CPU by a partial -ngl (an operator override) live in host memory.
-        host_weights += sum(geometry.layer_weights[i] for i in range(n_layer) if owner[i] is None)
-        if owner[n_layer] is None:
-            host_weights += geometry.output_weights
-    else:
-        host_weights = 0
-    return Footprint(layout=layout, gpu_layers=ngl, devices=tuple(rows), host_weights=host_weights)
+    if cpu_only:
+        return Footprint(layout=layout, gpu_layers=ngl, devices=tuple(rows), host_weights=0)
+    # Layers left on the CPU by a partial -ngl (an operator override) live in host memory, and so do the
+    # tensors overridden to the CPU on offloaded layers.
+    on_host = [(geometry.layer_weights[i] if owner[i] is None else moved[i]) for i in range(n_layer)]
+    on_host.append(
+        geometry.output_weights + geometry.tied_weights if owner[n_layer] is None else moved[n_layer]
+    )
+    host_weights += sum(on_host) - (geometry.tied_weights if owner[n_layer] is None else 0)
+    if op_offload and min(ubatch, layout.n_ctx) >= OP_OFFLOAD_MIN_BATCH and max(on_host) > 0:
+        rows[0] = attrs.evolve(rows[0], compute=rows[0].compute + max(on_host))
+    return Footprint(
+        layout=layout, gpu_layers=ngl, devices=tuple(rows), host_weights=host_weights, host_kv=host_kv
+    )
 
 
 def shares_from_budgets(budgets: Mapping[int | str, int | None], devices: Sequence[int | str]) -> list[float]:

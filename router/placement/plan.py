@@ -40,8 +40,12 @@ def _device_entry(device: Device, value: Any) -> dict[str, Any]:
             "id": device,
             "kind": "cpu" if device == CPU else "gpu",
             "name": value.name,
+            "bus_id": value.bus_id,
             "total_bytes": value.total,
-            "free_bytes": value.free,
+            "available_bytes": value.available,
+            "foreign_bytes": value.foreign,
+            "ours_bytes": value.ours,
+            "method": value.method,
             "declared_bytes": value.declared,
             "budget_bytes": value.budget,
             "source": value.source,
@@ -50,8 +54,12 @@ def _device_entry(device: Device, value: Any) -> dict[str, Any]:
         "id": device,
         "kind": "cpu" if device == CPU else "gpu",
         "name": "",
+        "bus_id": "",
         "total_bytes": None,
-        "free_bytes": None,
+        "available_bytes": None,
+        "foreign_bytes": None,
+        "ours_bytes": None,
+        "method": "",
         "declared_bytes": None,
         "budget_bytes": value,
         "source": "given" if value is not None else "unknown",
@@ -89,6 +97,8 @@ def _model_entry(plan: ModelPlan) -> dict[str, Any]:
                 "reserve_bytes": row.reserve,
                 "total_bytes": row.total,
                 "budget_bytes": row.budget,
+                "draft_bytes": row.draft,
+                "projector_bytes": row.projector,
             }
             for row in plan.rows
         ],
@@ -99,11 +109,15 @@ def plan_document(plans: Sequence[ModelPlan], devices: Mapping[Device, Any]) -> 
     """The versioned, JSON-able plan: ``{"version": 1, "devices": [...], "models": [...]}``.
 
     ``devices`` (one entry per device, GPUs by id then ``"cpu"``):
-        ``id`` GPU id (int) or ``"cpu"``; ``kind`` ``"gpu"`` or ``"cpu"``; ``name`` as NVML reports it;
-        ``total_bytes`` / ``free_bytes`` memory reported by NVML or /proc/meminfo (null when not
-        queried); ``declared_bytes`` from ``[devices.N] memory_mib`` (null when not declared);
-        ``budget_bytes`` what placement plans against (declared, else free; null when unknown);
-        ``source`` where the budget came from: ``config``, ``nvml``, ``host``, ``given`` or ``unknown``.
+        ``id`` GPU id (int) or ``"cpu"``; ``kind`` ``"gpu"`` or ``"cpu"``; ``name`` and ``bus_id`` (PCI)
+        as the driver reports them; ``total_bytes`` memory reported by the driver or /proc/meminfo;
+        ``available_bytes`` what this router may use (total minus ``foreign_bytes``, the memory other
+        processes and the driver hold; ``ours_bytes`` is what our own replicas hold); ``method`` how
+        ours and foreign were told apart (``idle``, ``processes``, ``baseline``, ``unattributed``;
+        ``host`` for the CPU); all null when not measured; ``declared_bytes`` from ``[devices.N]
+        memory_mib`` (null when not declared); ``budget_bytes`` what placement plans against (declared,
+        else available; null when unknown); ``source`` where the budget came from: ``config``,
+        ``nvml``, ``amdsmi``, ``sysfs``, ``host``, ``given`` or ``unknown``.
 
     ``models`` (one entry per model, in the order given):
         ``name``, ``path``; ``verdict`` one of ``fits``, ``refused``, ``override``, ``unknown-budget``,
@@ -113,13 +127,17 @@ def plan_document(plans: Sequence[ModelPlan], devices: Mapping[Device, Any]) -> 
         ``trained_ctx`` the model's training context (0: unknown); ``gpu_layers`` the ``-ngl`` value;
         ``parallel`` slots (``-np``); ``num_instance`` replicas; ``cache_type_k``/``cache_type_v``;
         ``need_by_gpu`` bytes ONE replica needs per GPU id (string keys, as JSON requires);
-        ``need_total_by_gpu`` the same for all replicas; ``host_bytes`` weights one replica keeps in
-        host memory; ``tensor_split`` the per-GPU weights (MiB) the layer split assumes, to pass as
-        ``--tensor-split`` (empty for single-device models); ``devices`` the per-device prediction
+        ``need_total_by_gpu`` the same for all replicas; ``host_bytes`` what one replica keeps in host
+        memory besides compute buffers (token embeddings, layers and tensors left on the CPU, a
+        projector that is not offloaded, the KV cache under ``--no-kv-offload``); ``tensor_split``
+        the per-GPU weights (MiB) the layer split assumes, to pass as ``--tensor-split`` (empty for
+        single-device models and when the operator sets it); ``devices`` the per-device prediction
         for one replica: ``device``, ``layers`` (repeating layers held), ``weights_bytes``,
         ``kv_bytes_per_token`` (full-attention KV per context token), ``kv_bytes`` (all KV at
         ``ctx_tried``, sliding-window layers included), ``recurrent_bytes`` (fixed SSM state),
-        ``compute_bytes``, ``reserve_bytes``, ``total_bytes``, ``budget_bytes``.
+        ``compute_bytes``, ``reserve_bytes``, ``total_bytes``, ``budget_bytes``; ``draft_bytes`` and
+        ``projector_bytes`` the parts of the total a draft model and a multimodal projector take
+        (already inside the weights, KV and compute figures).
     """
     gpus = sorted(((d, v) for d, v in devices.items() if isinstance(d, int)), key=lambda kv: kv[0])
     ordered = gpus + [(d, v) for d, v in devices.items() if not isinstance(d, int)]
@@ -150,14 +168,16 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
 
 
 def format_plan_table(doc: Mapping[str, Any]) -> str:
-    """A plain-text rendering of :func:`plan_document` for terminals (sizes in GiB)."""
+    """A plain-text rendering of :func:`plan_document` for terminals (sizes in GiB; ``host`` is the
+    model's ``host_bytes`` per replica)."""
     out: list[str] = []
     dev_rows = [
         [
             "CPU" if d["id"] == CPU else f"GPU {d['id']}",
             d["name"] or "",
             _gib(d["total_bytes"]),
-            _gib(d["free_bytes"]),
+            _gib(d["available_bytes"]),
+            _gib(d["foreign_bytes"]),
             _gib(d["declared_bytes"]),
             _gib(d["budget_bytes"]),
             d["source"],
@@ -165,7 +185,8 @@ def format_plan_table(doc: Mapping[str, Any]) -> str:
         for d in doc["devices"]
     ]
     out.append("Devices")
-    out += _table(["device", "name", "total", "free", "declared", "budget", "source"], dev_rows, {2, 3, 4, 5})
+    header = ["device", "name", "total", "available", "others", "declared", "budget", "source"]
+    out += _table(header, dev_rows, {2, 3, 4, 5, 6})
     out.append("")
     out.append("Models (GiB per replica)")
     rows = []
@@ -187,6 +208,7 @@ def format_plan_table(doc: Mapping[str, Any]) -> str:
                     "-" if d is None else _gib(d["reserve_bytes"]),
                     "-" if d is None else _gib(d["total_bytes"]),
                     "-" if d is None else _gib(d["budget_bytes"]),
+                    _gib(m["host_bytes"]) if first else "",
                     (f"x{m['num_instance']}" if m["num_instance"] > 1 else "") if first else "",
                 ]
             )
@@ -203,9 +225,10 @@ def format_plan_table(doc: Mapping[str, Any]) -> str:
         "reserve",
         "total",
         "budget",
+        "host",
         "replicas",
     ]
-    out += _table(header, rows, {2, 3, 4, 6, 7, 8, 9, 10, 11})
+    out += _table(header, rows, {2, 3, 4, 6, 7, 8, 9, 10, 11, 12})
     notes = [m["message"] for m in doc["models"] if m["message"]]
     if notes:
         out.append("")

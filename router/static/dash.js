@@ -358,7 +358,8 @@
       );
       const nums = h("div", { class: "gpu-nums" },
         "predicted ", h("b", { text: fmtBytes(gpu.used_bytes) }),
-        budget ? [" of ", h("b", { text: fmtBytes(budget) }), " budget"] : " (no declared budget)",
+        budget ? [" of ", h("b", { text: fmtBytes(budget) }), " budget"] : " (budget unknown)",
+        gpu.measured && gpu.measured.foreign_bytes ? [" · other processes ", h("b", { text: fmtBytes(gpu.measured.foreign_bytes) })] : null,
         used !== null ? [" · measured ", h("b", { text: fmtBytes(used) }), " / ", fmtBytes(total)] : null,
         util !== null ? [" · util ", h("b", { text: util + "%" })] : null,
       );
@@ -373,9 +374,11 @@
       const card = h("article", { class: "gpu", "data-gpu": gpu.id },
         h("div", { class: "gpu-title" },
           h("h3", { text: `GPU ${gpu.id}` }),
+          gpu.name ? h("span", { class: "gpu-name", text: gpu.name + (gpu.bus_id ? ` · ${gpu.bus_id}` : ""), title: "name and PCI bus id" }) : null,
           h("span", { class: "gpu-nums", text: `${gpu.residents.length} / ${gpu.max_models} resident` })),
         bar,
         nums,
+        gpu.warning ? h("div", { class: "gpu-warning", role: "note", text: gpu.warning }) : null,
         h("div", { class: "chips residency-now", "data-gpu": gpu.id },
           chips.length ? chips : h("span", { class: "empty", text: "idle: no model resident" })),
         chart,
@@ -390,7 +393,7 @@
     replace(root, ...cards.map((c) => c.card));
     for (const c of cards) if (store.gpus.has(c.id)) c.chart.append(drawChart(c.chart, c.id));
     $("gpu-hint").textContent = store.measured
-      ? "measured by NVML · last hour"
+      ? "measured by the GPU driver · last hour"
       : "predicted use against declared budgets (no NVML) · last hour";
   }
 
