@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from router.gpu_monitor import GpuMonitor
-from router.gpu_readers import GpuReading, NvmlSource, ProcessUse, SysfsSource
+from router.gpu_readers import AmdSmiSource, GpuReading, NvmlSource, ProcessUse, SysfsSource
 from router.placement.budgets import measure
 from router.placement.synthetic import SyntheticModel, write_header_only
 from tests.fakenvml import FakeNvml, fake_nvml_fixture  # noqa: F401  (the `fake_nvml` fixture)
@@ -26,9 +26,9 @@ from tests.simtools import read_records, write_sim_sidecar
 MIB = 1 << 20
 GIB = 1 << 30
 
-# ~1.1 GiB of f16 weights and 256 KiB of KV per 1,000 tokens: its context is decided by the budget.
+# ~0.7 GiB of f16 weights and 16 KiB of KV per token, trained to 1M tokens: the budget decides its context.
 BIG = SyntheticModel(
-    n_layer=8, n_embd=2048, n_head=16, n_head_kv=4, n_ff=5504, n_vocab=1024, n_ctx_train=131072
+    n_layer=8, n_embd=2048, n_head=16, n_head_kv=4, n_ff=5504, n_vocab=1024, n_ctx_train=1 << 20
 )
 SMALL = SyntheticModel(
     n_layer=4, n_embd=512, n_head=8, n_head_kv=4, n_ff=2048, n_vocab=1024, n_ctx_train=8192
@@ -145,7 +145,7 @@ async def test_reload_with_our_replica_resident_plans_the_same_and_restarts_noth
     async with running_router(tmp_path, models) as h:
         before = (await h.client.get("/plan")).json()
         big = next(m for m in before["models"] if m["name"] == "big")
-        assert big["verdict"] == "fits" and big["ctx"] > 8192
+        assert big["verdict"] == "fits" and big["ctx"] == 165632  # decided by the 3996 MiB budget
         gpu1 = next(d for d in before["devices"] if d["id"] == 1)
         assert gpu1["available_bytes"] == 3996 * MIB and gpu1["method"] == "idle"
         assert gpu1["bus_id"] == "00000000:02:00.0" and gpu1["source"] == "nvml"
@@ -185,7 +185,7 @@ async def test_foreign_growth_refuses_the_next_load_with_the_arithmetic(
         message = reply.json()["error"]["message"]
         assert "not enough GPU memory to start big" in message
         assert "other processes hold 2.54 GiB (pid 31337 2.44 GiB)" in message, message
-        assert "leaving 1.46 GiB; big needs 3.34 GiB there" in message  # the README's example
+        assert "leaving 1.46 GiB; big needs 3.90 GiB there" in message  # the README's example
         assert not read_records(h.records_of("big"))  # never started into an out-of-memory
         fake_nvml.remove_proc(1, 31337)
         assert (await post_chat(h.client, "big", max_tokens=1)).status_code == 200
@@ -297,3 +297,46 @@ def test_amd_gpus_through_sysfs_in_pci_bus_order(tmp_path: Path) -> None:
     again = monitor.budgets({1: {12345}})
     assert (again[1].method, again[1].available, again[1].ours) == ("baseline", 15360 * MIB, 7976 * MIB)
     assert SysfsSource.open(tmp_path / "nothing") is None
+
+
+class StandInAmdSmi:
+    """The calls of the amdsmi module that AmdSmiSource makes, for one 24 GiB card (the real module needs
+    ROCm's library, which this machine does not have)."""
+
+    def __init__(self) -> None:
+        self.closed = False
+
+    def amdsmi_init(self) -> None: ...
+
+    def amdsmi_shut_down(self) -> None:
+        self.closed = True
+
+    def amdsmi_get_processor_handles(self) -> list[str]:
+        return ["h1", "h0"]
+
+    def amdsmi_get_gpu_device_bdf(self, handle: str) -> str:
+        return {"h0": "0000:03:00.0", "h1": "0000:0c:00.0"}[handle]
+
+    def amdsmi_get_gpu_vram_usage(self, handle: str) -> dict[str, int]:
+        return {"vram_total": 24560, "vram_used": 2000 if handle == "h0" else 10}
+
+    def amdsmi_get_gpu_asic_info(self, handle: str) -> dict[str, str]:
+        return {"market_name": "Radeon RX 7900 XTX"}
+
+    def amdsmi_get_gpu_process_list(self, handle: str) -> list[dict[str, Any]]:
+        if handle == "h1":
+            return []
+        return [{"pid": 4242, "memory_usage": {"vram_mem": 1500 * MIB}}]
+
+
+def test_amd_gpus_through_amdsmi_with_process_accounting() -> None:
+    smi = StandInAmdSmi()
+    source = AmdSmiSource.open(lambda: smi)
+    assert source is not None
+    got = source.read()
+    assert [(g.bus_id, g.used // MIB) for g in got.values()] == [("0000:03:00.0", 2000), ("0000:0c:00.0", 10)]
+    assert got[0].processes == (ProcessUse(4242, 1500 * MIB),) and got[0].name == "Radeon RX 7900 XTX"
+    ours = GpuMonitor(opener=lambda: source).budgets({0: {4242}})[0]
+    assert (ours.method, ours.ours, ours.available) == ("processes", 1500 * MIB, 24060 * MIB)
+    source.close()
+    assert smi.closed
