@@ -254,6 +254,15 @@ ROUTER_KEYS: tuple[KeySpec, ...] = (
     ),
     KeySpec("max_body_mib", INTEGER, 32, "Largest request body in MiB; larger bodies get 413.", 1),
     KeySpec(
+        "keep_alive_timeout",
+        NUMBER,
+        75.0,
+        "Seconds an idle client connection stays open after its last response (HTTP keep-alive); "
+        "`Connection: close` and HTTP/1.0 connections close right after the response.",
+        0,
+        exclusive_minimum=True,
+    ),
+    KeySpec(
         "default_pool",
         STRING,
         None,

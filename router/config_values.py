@@ -175,6 +175,7 @@ class RouterSettings:
     stop_timeout: float = _router_default("stop_timeout")
     shutdown_grace: float = _router_default("shutdown_grace")
     max_body_mib: int = _router_default("max_body_mib")
+    keep_alive_timeout: float = _router_default("keep_alive_timeout")
     default_pool: str | None = None
     api_keys: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     api_keys_file: Path | None = None

@@ -12,6 +12,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve
 
+from . import hypercorn_fixes
 from .app import create_app
 from .config import Config
 from .dash import register_dash, start_observers
@@ -27,10 +28,9 @@ def hypercorn_config(config: Config) -> HypercornConfig:
     hc = HypercornConfig()
     hc.bind = [f"{config.router.host}:{config.router.port}"]
     hc.accesslog = None
-    hc.keep_alive_timeout = 75
+    hc.keep_alive_timeout = config.router.keep_alive_timeout
     # The router drains in-flight work itself before it stops the HTTP server, so the server's own grace
-    # only has to flush the last bytes. Idle keep-alive connections are not closed by hypercorn when it
-    # stops (its idle watcher is not re-armed after a response), so a long grace delays every exit.
+    # only has to flush the last bytes.
     hc.graceful_timeout = 1.0
     hc.h11_max_incomplete_size = 64 * 1024
     hc.read_timeout = 300
@@ -45,6 +45,7 @@ def build_router(config: Config) -> Router:
 async def run_server(
     config: Config, *, on_ready: Callable[[str], None] | None = None, router: Router | None = None
 ) -> None:
+    hypercorn_fixes.apply()
     router = router or build_router(config)
     try:
         await _serve_router(config, router, on_ready)
