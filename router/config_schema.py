@@ -263,6 +263,15 @@ ROUTER_KEYS: tuple[KeySpec, ...] = (
         exclusive_minimum=True,
     ),
     KeySpec(
+        "send_timeout",
+        NUMBER,
+        60.0,
+        "Seconds a client may leave its reply unread (nothing written reaches it) before its connection is "
+        "closed and its request ended, freeing the slot.",
+        0,
+        exclusive_minimum=True,
+    ),
+    KeySpec(
         "default_pool",
         STRING,
         None,

@@ -176,6 +176,7 @@ class RouterSettings:
     shutdown_grace: float = _router_default("shutdown_grace")
     max_body_mib: int = _router_default("max_body_mib")
     keep_alive_timeout: float = _router_default("keep_alive_timeout")
+    send_timeout: float = _router_default("send_timeout")
     default_pool: str | None = None
     api_keys: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     api_keys_file: Path | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from .reload import reload_config
 from .runtime import Router
 
 log = logging.getLogger("router")
+LAST_RESORT_AFTER = 10.0
 
 
 def hypercorn_config(config: Config) -> HypercornConfig:
@@ -45,7 +47,7 @@ def build_router(config: Config) -> Router:
 async def run_server(
     config: Config, *, on_ready: Callable[[str], None] | None = None, router: Router | None = None
 ) -> None:
-    hypercorn_fixes.apply()
+    hypercorn_fixes.apply(config.router.send_timeout)
     router = router or build_router(config)
     try:
         await _serve_router(config, router, on_ready)
@@ -62,6 +64,7 @@ async def _serve_router(config: Config, router: Router, on_ready: Callable[[str]
         app = create_app(config, router, client)
         register_dash(app, config, router, observers, client)
         http_done = trio.Event()
+        hc = hypercorn_config(config)
 
         async def watch_signals() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -75,10 +78,25 @@ async def _serve_router(config: Config, router: Router, on_ready: Callable[[str]
                     if trio.current_time() - first > 1.0:  # a repeat within a second is the same request
                         log.warning("second signal: stopping now")
                         router.submit_shutdown_now()
+                        nursery.start_soon(last_resort)
+                        break
+
+        async def last_resort() -> None:
+            # Replicas are stopped and stalled writes cut within seconds; if anything still holds the
+            # process after that, exit anyway (replicas die with the router: they get SIGKILL on its exit).
+            await trio.sleep(LAST_RESORT_AFTER)
+            log.error("still running %.0f s after the second signal: exiting now", LAST_RESORT_AFTER)
+            os._exit(1)
 
         async def stop() -> None:
             await router.shutdown(config.router.shutdown_grace)
             http_done.set()
+            # hypercorn lets connections finish their last bytes for its graceful timeout; a client that
+            # is not reading them must not hold the process past that.
+            await trio.sleep(hc.graceful_timeout + 0.5)
+            cut = hypercorn_fixes.cut_stalled_writes()
+            if cut:
+                log.info("shutdown: cut %d connection(s) whose clients stopped reading", cut)
 
         async def watch_hangups() -> None:
             with trio.open_signal_receiver(signal.SIGHUP) as hangups:
@@ -91,7 +109,7 @@ async def _serve_router(config: Config, router: Router, on_ready: Callable[[str]
         log.info("llama-router listening on %s", url)
         if on_ready is not None:
             on_ready(url)
-        await serve(app, hypercorn_config(config), shutdown_trigger=http_done.wait)
+        await serve(app, hc, shutdown_trigger=http_done.wait)
         nursery.cancel_scope.cancel()
 
 
