@@ -12,6 +12,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from .access import OPEN_PATHS, key_accepted, presented_key
+from .browser_guard import register_guard
 from .config import Config, resolve_name
 from .errors import error_response, unknown_model
 from .proxy import SAFE_SEGMENT, Proxy
@@ -57,6 +58,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 120
     proxy = Proxy(router, client)
+    register_guard(app, config.router.host, lambda: router.config.router)  # first: before the key check
 
     @app.before_request
     async def check_key() -> Response | None:

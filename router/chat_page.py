@@ -27,6 +27,7 @@ import trio
 from quart import Response, g, redirect, request
 from quart_trio import QuartTrio
 
+from .browser_guard import drop_cors
 from .config import Config, resolve_name
 from .errors import error_response, unknown_model
 from .proxy import HOP_BY_HOP, SAFE_SEGMENT, Proxy
@@ -70,7 +71,7 @@ def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.
         except httpx.HTTPError as exc:
             return error_response(502, "upstream_unreachable", f"the replica did not answer: {exc!r}")
         return Response(
-            _relay(upstream), status=upstream.status_code, headers=_pass_headers(upstream.headers)
+            _relay(upstream), status=upstream.status_code, headers=drop_cors(_pass_headers(upstream.headers))
         )
 
     @app.route("/chat/<name>")

@@ -1,10 +1,11 @@
 """Loading the configuration: TOML or JSON → frozen, validated values (router.config_values).
 
 ``load_config(path)`` reads the file (``.json`` → JSON, anything else → TOML) and applies the environment
-overrides ROUTER_HOST, ROUTER_PORT, ROUTER_API_KEYS and HISTORY_DB_PATH (an empty variable counts as
-unset). ``config_from_dict`` validates an already parsed document. Every problem raises
-:class:`ConfigError`, whose message names the file, the dotted key, the bad value and what is allowed.
-Model files are not checked for existence here: the placement step reports missing files.
+overrides ROUTER_HOST, ROUTER_PORT, ROUTER_API_KEYS, ROUTER_CORS_ORIGINS, ROUTER_ALLOWED_HOSTS and
+HISTORY_DB_PATH (an empty variable counts as unset). ``config_from_dict`` validates an already parsed
+document. Every problem raises :class:`ConfigError`, whose message names the file, the dotted key, the bad
+value and what is allowed. Model files are not checked for existence here: the placement step reports
+missing files.
 """
 
 from __future__ import annotations
@@ -12,14 +13,29 @@ from __future__ import annotations
 import json
 import os
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import attrs
 
+from router.browser_guard import (
+    canonical_host_entry,
+    canonical_origin_entry,
+    host_entry_problem,
+    origin_entry_problem,
+)
 from router.config_reference import reference_markdown
-from router.config_schema import ROUTER_KEYS, TOP_LEVEL_KEYS, InvalidValue, KeySpec, check_value, render_value
+from router.config_schema import (
+    ROUTER_KEYS,
+    STRING_LIST,
+    TOP_LEVEL_KEYS,
+    InvalidValue,
+    KeySpec,
+    check_value,
+    render_value,
+    spec_by_name,
+)
 from router.config_tables import (
     Doc,
     check_unique_names,
@@ -179,12 +195,41 @@ def _router(doc: Doc, table: Mapping[str, Any], env: Mapping[str, str]) -> Route
     if values["history_db"] is None:
         values["history_db"] = default_state_dir(env) / "history.db"
     values["api_keys"] = _unique(values["api_keys"])
+    for name, problem, canonical in (
+        ("cors_origins", origin_entry_problem, canonical_origin_entry),
+        ("allowed_hosts", host_entry_problem, canonical_host_entry),
+    ):
+        values[name] = _entries(doc, name, values, env, problem, canonical)
     return RouterSettings(**values)
+
+
+def _entries(
+    doc: Doc,
+    name: str,
+    values: Mapping[str, Any],
+    env: Mapping[str, str],
+    problem: Callable[[str], str | None],
+    canonical: Callable[[str], str],
+) -> tuple[str, ...]:
+    """A list of origins or host names, each checked and in canonical form, without repeats."""
+    spec = spec_by_name(ROUTER_KEYS, name)
+    items: Sequence[str] = values[name]
+    for item in items:
+        reason = problem(item.strip())
+        if reason is None:
+            continue
+        rule = f"must be {spec.allowed()}; {reason}"
+        text = env.get(spec.env or "", "").strip()
+        if text:
+            where = f"{spec.env} = {render_value(text)} (environment, overrides router.{name})"
+            raise ConfigError(doc.path, f"{where} is invalid: {rule}", key=spec.env)
+        raise doc.invalid(f"router.{name}", list(items), rule)
+    return _unique([canonical(item.strip()) for item in items])
 
 
 def _env_value(doc: Doc, spec: KeySpec, text: str) -> Any:
     value: Any = text
-    if spec.name == "api_keys":
+    if spec.type == STRING_LIST:
         value = tuple(part.strip() for part in text.split(",") if part.strip())
     elif spec.type == "integer":
         try:

@@ -287,6 +287,31 @@ ROUTER_KEYS: tuple[KeySpec, ...] = (
         default_text="[]",
     ),
     KeySpec(
+        "cors_origins",
+        STRING_LIST,
+        (),
+        "Web origins (`scheme://host[:port]`) whose pages may call the router from a browser and read the "
+        'replies; `"*"` allows every origin, `"null"` (sandboxed frames, `file://` pages) must be listed by '
+        "itself. Any other foreign `Origin` gets 403. ROUTER_CORS_ORIGINS (comma-separated) replaces this "
+        "list when set and non-empty. Follows reloads.",
+        env="ROUTER_CORS_ORIGINS",
+        default_text="[]",
+        rule='a list of origins such as "http://localhost:3000", "*" or "null"',
+    ),
+    KeySpec(
+        "allowed_hosts",
+        STRING_LIST,
+        (),
+        "Host names the router answers to besides loopback ones (localhost, *.localhost, 127.0.0.0/8, "
+        '[::1]) and its own `host`; a leading dot (`.example.lan`) also admits subdomains, `"*"` turns the '
+        "check off. Bound to a loopback address the check always applies (it stops DNS rebinding); bound "
+        "elsewhere only when this list is set. Other `Host` headers get 403. ROUTER_ALLOWED_HOSTS "
+        "(comma-separated) replaces this list when set and non-empty. Follows reloads.",
+        env="ROUTER_ALLOWED_HOSTS",
+        default_text="[]",
+        rule='a list of host names without port, such as "router.lan", ".example.lan" or "*"',
+    ),
+    KeySpec(
         "api_keys_file",
         PATH,
         None,

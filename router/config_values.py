@@ -158,7 +158,9 @@ class RouterSettings:
     """``[router]`` after environment overrides; defaults equal the schema's (router.config_schema).
 
     ``api_keys`` holds the keys from the file or ROUTER_API_KEYS; the keys in ``api_keys_file`` are read
-    by ``router.config.read_api_keys``. ``history_db`` is always a concrete path.
+    by ``router.config.read_api_keys``. ``cors_origins`` and ``allowed_hosts`` are in canonical form (lower
+    case; origins without a default port), as ``router.browser_guard`` compares them. ``history_db`` is
+    always a concrete path.
     """
 
     host: str = _router_default("host")
@@ -179,6 +181,8 @@ class RouterSettings:
     send_timeout: float = _router_default("send_timeout")
     default_pool: str | None = None
     api_keys: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    cors_origins: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    allowed_hosts: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     api_keys_file: Path | None = None
     history_db: Path = Path("history.db")
     history_max_rows: int = _router_default("history_max_rows")

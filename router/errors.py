@@ -14,6 +14,7 @@ _TYPES = {
     404: "invalid_request_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     502: "server_error",
     503: "server_error",
     504: "server_error",

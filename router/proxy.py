@@ -18,6 +18,7 @@ import httpx
 import trio
 from quart import Response
 
+from .browser_guard import drop_cors
 from .errors import error_response, sse_error
 from .runtime import Router, Ticket
 
@@ -54,7 +55,10 @@ def upstream_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 
 def reply_headers(headers: httpx.Headers, model: str | None) -> dict[str, str]:
-    out = {k: v for k, v in headers.items() if k.lower() not in _DROP and k.lower() != "content-encoding"}
+    """The replica's response headers for the client; its CORS policy is replaced by the router's own."""
+    out = drop_cors(
+        {k: v for k, v in headers.items() if k.lower() not in _DROP and k.lower() != "content-encoding"}
+    )
     if model is not None:
         out["x-router-model"] = model
     return out

@@ -896,9 +896,17 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(payload)))
-        self.send_header("Access-Control-Allow-Origin", "*")
+        self._send_cors()
         self.end_headers()
         self.wfile.write(payload)
+
+    def _send_cors(self) -> None:
+        """Like llama-server: reflect the caller's Origin, whoever it is (the router must not pass it on)."""
+        origin = self.headers.get("Origin")
+        self.send_header("Access-Control-Allow-Origin", origin or "*")
+        if origin:
+            self.send_header("Access-Control-Allow-Credentials", "true")
+            self.send_header("Vary", "Origin")
 
     def send_json(self, code: int, obj: Any) -> None:
         self._send(code, json.dumps(obj).encode(), "application/json; charset=utf-8")
@@ -1289,7 +1297,7 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Transfer-Encoding", "chunked")
-            self.send_header("Access-Control-Allow-Origin", "*")
+            self._send_cors()
             self.end_headers()
             head = b"".join(shape.head(gen))
             if head and not self._write_chunk(head):

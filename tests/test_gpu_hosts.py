@@ -155,7 +155,7 @@ async def test_reload_with_our_replica_resident_plans_the_same_and_restarts_noth
         assert record["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
         assert record["env"]["CUDA_VISIBLE_DEVICES"] == "1"
         # The replica now holds 3.5 GiB: free memory on GPU 1 is down to 396 MiB.
-        reply = await h.client.post("/reload")
+        reply = await h.client.post("/reload", json={})
         assert reply.status_code == 200 and reply.json()["restarted"] == [], reply.text
         after = (await h.client.get("/plan")).json()
         gpu1 = next(d for d in after["devices"] if d["id"] == 1)

@@ -56,7 +56,7 @@ async def test_reload_keeps_an_unchanged_stream_and_restarts_what_changed(tmp_pa
                 doc["models"]["c"] = {**doc["models"]["b"], "gpus": [1], "parallel": 1}
 
             _edit(rt.dir, change)
-            reply = await rt.client.post("/reload")
+            reply = await rt.client.post("/reload", json={})
             assert reply.status_code == 200, reply.text
             assert reply.json()["restarted"] == ["b"]
         a = results["a"]
@@ -74,7 +74,7 @@ async def test_reload_keeps_an_unchanged_stream_and_restarts_what_changed(tmp_pa
 async def test_an_invalid_new_config_is_refused_and_the_old_one_keeps_serving(tmp_path: Path) -> None:
     async with running_router(tmp_path, MODELS, router=ROUTER) as rt:
         _edit(rt.dir, lambda doc: doc["models"]["a"].update(parallel=0))
-        reply = await rt.client.post("/reload")
+        reply = await rt.client.post("/reload", json={})
         error = assert_openai_error(reply, 400, "invalid_config")
         assert "models.a.parallel = 0" in error["message"]
         assert (await post_chat(rt.client, "a", max_tokens=2)).status_code == 200
@@ -84,7 +84,7 @@ async def test_removed_models_drain_and_their_waiters_are_answered(tmp_path: Pat
     async with running_router(tmp_path, MODELS, router=ROUTER) as rt:
         assert (await post_chat(rt.client, "b", max_tokens=2)).status_code == 200
         _edit(rt.dir, lambda doc: doc["models"].pop("b"))
-        assert (await rt.client.post("/reload")).status_code == 200
+        assert (await rt.client.post("/reload", json={})).status_code == 200
         await rt.wait_state(lambda s: not any(r.model == "b" for r in s.replicas))
         assert_openai_error(await post_chat(rt.client, "b"), 404, "model_not_found")
 

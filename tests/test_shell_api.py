@@ -154,7 +154,8 @@ async def _raw_get(h: RouterHandle, target: str) -> int:
     port = h.config.router.port
     stream_ = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream_:
-        await stream_.send_all(f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        head = f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        await stream_.send_all(head.encode())
         data = b""
         while b"\r\n" not in data:
             chunk = await stream_.receive_some(4096)
@@ -226,7 +227,7 @@ async def test_unload_of_everything(tmp_path: Path) -> None:
     async with running_router(tmp_path, models, router={"num_gpus": 2}) as h:
         assert (await post_chat(h.client, "a", max_tokens=1)).status_code == 200
         assert (await post_chat(h.client, "b", max_tokens=1)).status_code == 200
-        response = await h.client.post("/unload")
+        response = await h.client.post("/unload", json={})
         assert response.status_code == 200 and response.json()["unloaded"] == "all"
         await h.wait_state(lambda s: not s.replicas)
         states = {m["id"]: m["state"] for m in (await h.models())["data"]}
