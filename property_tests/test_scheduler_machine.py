@@ -23,6 +23,7 @@ from statemachine import (
     LoadFailed,
     ReplicaExited,
     ReplicaReady,
+    ReplicaUnresponsive,
     RequestArrived,
     RequestFinished,
     Settings,
@@ -41,9 +42,13 @@ from statemachine import (
 from .profiles import machine_settings
 from .replay import replay_banner
 from .strategies import TOKEN_CHOICES, UNKNOWN_TARGET, models, scheduler_settings
-from .world import CLOSING, RUNNING, WAITING, Findings, World
+from .world import CLOSING, RUNNING, WAITING, Findings, ReplicaView, World
 
 DT_CHOICES = (0.0, 0.1, 0.5, 1.0, 3.0, 10.0)
+
+
+def _not_loading(replica: ReplicaView) -> bool:
+    return not replica.loading
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -183,6 +188,13 @@ class SchedulerMachine(RuleBasedStateMachine):
     def load_failed(self, data: st.DataObject) -> None:
         self.feed(LoadFailed(self.pick(data, self.w.replicas_where(lambda r: r.loading)), "no /health"))
 
+    @precondition(lambda self: self.world is not None and bool(self.w.replicas_where(_not_loading)))
+    @rule(data=st.data())
+    def unresponsive(self, data: st.DataObject) -> None:
+        """A ready replica stops answering (or a late report about one already stopping)."""
+        # checks: INV-UNRESPONSIVE
+        self.feed(ReplicaUnresponsive(self.pick(data, self.w.replicas_where(_not_loading)), "hung"))
+
     @precondition(lambda self: self.world is not None and bool(self.w.replicas_where(lambda r: r.killed)))
     @rule(data=st.data())
     def exit_after_kill(self, data: st.DataObject) -> None:
@@ -259,6 +271,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         options += [ClientGone(rid) for rid in w.outstanding(CLOSING)]
         options += [ReplicaReady(r) for r in w.replicas_where(lambda r: not r.loading)]
         options += [LoadFailed(r, "x") for r in w.replicas_where(lambda r: not r.loading)]
+        options += [ReplicaUnresponsive(r, "x") for r in w.replicas_where(lambda r: r.loading)]
         event = data.draw(st.sampled_from(options))
         before = repr(self.state)
         assert self.state is not None

@@ -27,6 +27,7 @@ from statemachine import (
     Reject,
     ReplicaExited,
     ReplicaReady,
+    ReplicaUnresponsive,
     RequestArrived,
     RequestFinished,
     Settings,
@@ -62,6 +63,7 @@ class ReplicaView:
     retired: bool = False
     killed: bool = False
     draining: bool = False
+    hung: bool = False  # reported unresponsive: it goes at once, busy or not
     inflight: set[int] = attrs.Factory(set)
 
     @property
@@ -274,6 +276,11 @@ class _Step:
             replica = w.replicas[e.replica]
             self.kill_expected = replica.id
             self.note_load_failure(replica)
+        elif isinstance(e, ReplicaUnresponsive):
+            replica = w.replicas.get(e.replica)
+            if replica is not None and not replica.killed:
+                replica.hung = True
+                self.kill_expected = replica.id  # INV-UNRESPONSIVE: it is killed in this very step
         elif isinstance(e, ReplicaExited):
             replica = w.replicas.pop(e.replica)
             if replica.loading:
@@ -389,7 +396,7 @@ class _Step:
         if replica.inflight:
             forced = isinstance(self.event, UnloadRequested) and self.event.force
             due = w.shutting_down and w.deadline is not None and w.now >= w.deadline
-            if not (forced or due):
+            if not (forced or due or replica.hung):
                 self.fail("INV-KILL-IDLE", f"{c} while requests {sorted(replica.inflight)} are in flight")
         if self.kill_expected == c.replica:
             self.kill_expected = None

@@ -214,11 +214,16 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
             model = resolve_name(router.config, str(name))
             if model is None or model not in router.config.models:
                 return unknown_model(name, router.config.models)
-        router.unload(model, force)
-        await router.wait_until(
-            lambda s: not any(r.model == model or model is None for r in s.replicas if r.phase != "stopping")
+        wait = body.get("wait", True) is not False
+        # The replicas this unload stops: the answer waits for exactly these to exit, never for a
+        # condition new traffic could keep false (a request after the unload may load the model again).
+        asked = sorted(
+            r.id for r in router.state.replicas if r.phase != "stopping" and model in (None, r.model)
         )
-        doc = {"unloaded": model or "all", "forced": force}
+        router.unload(model, force)
+        if wait:
+            await router.wait_until(lambda s: not any(s.replica(i) is not None for i in asked))
+        doc = {"unloaded": model or "all", "forced": force, "replicas": asked, "waited": wait}
         return Response(json.dumps(doc), content_type="application/json")
 
     return app

@@ -238,6 +238,24 @@ ROUTER_KEYS: tuple[KeySpec, ...] = (
         exclusive_minimum=True,
     ),
     KeySpec(
+        "hang_timeout",
+        NUMBER,
+        30.0,
+        "Seconds a ready replica may leave its /health probes unanswered (stopped, deadlocked in a driver "
+        "call) before it is killed and replaced; its streams end with an error event.",
+        0,
+        exclusive_minimum=True,
+    ),
+    KeySpec(
+        "reply_timeout",
+        NUMBER,
+        600.0,
+        "Seconds a replica may send nothing while answering a request (time to the first byte included, "
+        "so long prompts need room) before that exchange ends with an error.",
+        0,
+        exclusive_minimum=True,
+    ),
+    KeySpec(
         "stop_timeout",
         NUMBER,
         10.0,

@@ -174,6 +174,8 @@ class RouterSettings:
     routing_queue_limit: int = _router_default("routing_queue_limit")
     num_gpus: int | None = None
     load_timeout: float = _router_default("load_timeout")
+    hang_timeout: float = _router_default("hang_timeout")
+    reply_timeout: float = _router_default("reply_timeout")
     stop_timeout: float = _router_default("stop_timeout")
     shutdown_grace: float = _router_default("shutdown_grace")
     max_body_mib: int = _router_default("max_body_mib")

@@ -156,7 +156,7 @@ class Proxy:
                         "?" + query.decode("latin-1") if query else ""
                     )
         except httpx.HTTPError as exc:
-            message = f"the replica of '{ticket.model}' did not answer: {exc!r}"
+            message = f"the replica of '{ticket.model}' did not answer: {self._describe(exc)}"
             ticket.observed.fail(502, message)
             self.router.finish(ticket, completed=True)
             return error_response(502, "upstream_unreachable", message)
@@ -187,7 +187,15 @@ class Proxy:
     def _failure_text(self, ticket: Ticket, exc: BaseException) -> str:
         if ticket.failure is not None:
             return ticket.failure.message
-        return f"the replica of '{ticket.model}' broke off the reply: {exc!r}"
+        info = self.router.supervisor.info(ticket.dispatch.replica) if ticket.dispatch else None
+        if info is not None and info.stop_reason is not None:
+            return f"the replica of '{ticket.model}' was stopped while answering: {info.stop_reason}"
+        return f"the replica of '{ticket.model}' broke off the reply: {self._describe(exc)}"
+
+    def _describe(self, exc: BaseException) -> str:
+        if isinstance(exc, httpx.ReadTimeout):
+            return f"it sent nothing for {self.client.timeout.read:g} s (reply_timeout)"
+        return repr(exc)
 
     async def _wait_then_relay(
         self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Mapping[str, str]

@@ -31,6 +31,7 @@ from statemachine import (
     Reject,
     ReplicaExited,
     ReplicaReady,
+    ReplicaUnresponsive,
     RequestArrived,
     RequestFinished,
     SettingsChanged,
@@ -58,6 +59,7 @@ from .supervisor import (
     ProcessExited,
     ProcessLoadFailed,
     ProcessReady,
+    ProcessUnresponsive,
     Supervisor,
     SupervisorEvent,
 )
@@ -309,6 +311,7 @@ class Router:
             load_timeout=self.load_timeout,
             stop_timeout=self.stop_timeout,
             cwd=self._replica_dir(),
+            hang_timeout=self.config.router.hang_timeout,
         )
         self._note("load", command.model, command.replica, command.reason)
         self.supervisor.spawn(spec)
@@ -354,6 +357,9 @@ class Router:
             case ProcessLoadFailed(replica_id=replica, reason=reason):
                 self._note("load_failed", self._model_of(replica), replica, reason)
                 self.submit(LoadFailed(replica, reason))
+            case ProcessUnresponsive(replica_id=replica, reason=reason):
+                self._note("unresponsive", self._model_of(replica), replica, reason)
+                self.submit(ReplicaUnresponsive(replica, reason))
             case ProcessExited(replica_id=replica, reason=reason, during_load=during_load):
                 kind = "load_failed" if during_load and "stopped:" not in reason else "exited"
                 self._note(kind, self._model_of(replica), replica, reason)
@@ -371,7 +377,7 @@ class Router:
     def _note(self, kind: str, model: str, replica: int, reason: str) -> None:
         happening = Happening(time.time(), kind, model, replica, reason)
         self.happenings.append(happening)
-        level = logging.WARNING if kind in ("load_failed",) else logging.INFO
+        level = logging.WARNING if kind in ("load_failed", "unresponsive") else logging.INFO
         log.log(level, "%s %s (replica %d): %s", kind, model, replica, reason)
         for listener in self.listeners:
             listener(kind, attrs.asdict(happening))

@@ -57,7 +57,7 @@ async def run_server(
 
 async def _serve_router(config: Config, router: Router, on_ready: Callable[[str], None] | None) -> None:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    timeout = httpx.Timeout(connect=10.0, read=None, write=60.0, pool=None)
+    timeout = httpx.Timeout(connect=10.0, read=config.router.reply_timeout, write=60.0, pool=None)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client, trio.open_nursery() as nursery:
         observers = await start_observers(nursery, config, router, client)
         await nursery.start(router.run)

@@ -48,6 +48,7 @@ __all__ = [
 _HEALTH_INTERVAL = 0.1  # seconds between /health probes while loading
 _HEALTH_FIRST = 0.01  # the first probes come faster: small models are ready in well under a second
 _HEALTH_CALL_TIMEOUT = 1.0  # seconds one /health probe may take
+_WATCH_EVERY = 5.0  # seconds between /health probes of a ready replica (at most)
 _SHUTDOWN_GRACE = 3.0  # most seconds between SIGTERM and SIGKILL when the supervisor itself is cancelled
 _KILL_WAIT = 10.0  # seconds to wait for a SIGKILLed child during shutdown before giving up on it
 _DRAIN_WAIT = 2.0  # seconds to wait for the output pipe to reach EOF after the child is reaped
@@ -66,6 +67,8 @@ class LaunchSpec:
     load_timeout: float = 120.0
     stop_timeout: float = 10.0
     cwd: str | None = None  # relative paths in the argv start here (the config file's directory)
+    # A ready replica that answers no /health probe for this long is declared hung (None: never).
+    hang_timeout: float | None = 30.0
 
 
 @attrs.frozen
@@ -80,6 +83,14 @@ class ProcessLoadFailed:
 
 
 @attrs.frozen
+class ProcessUnresponsive:
+    """A ready replica stopped answering /health; the supervisor has already sent it SIGKILL."""
+
+    replica_id: int
+    reason: str
+
+
+@attrs.frozen
 class ProcessExited:
     replica_id: int
     returncode: int | None
@@ -87,7 +98,7 @@ class ProcessExited:
     reason: str
 
 
-SupervisorEvent = ProcessReady | ProcessLoadFailed | ProcessExited
+SupervisorEvent = ProcessReady | ProcessLoadFailed | ProcessUnresponsive | ProcessExited
 
 
 @attrs.frozen
@@ -424,6 +435,7 @@ class Supervisor:
                             "[%s] ready after %.1f s", rep.label, trio.current_time() - rep.started_clock
                         )
                         self._emit(ProcessReady(spec.replica_id))
+                        await self._watch_ready(rep, http, url)
                     return
             remaining = deadline - trio.current_time()
             since = trio.current_time() - rep.started_clock
@@ -438,6 +450,33 @@ class Supervisor:
         self._log.error("[%s] %s", rep.label, reason)
         self._emit(ProcessLoadFailed(spec.replica_id, reason))
         self.kill(spec.replica_id, reason)
+
+    async def _watch_ready(self, rep: _Replica, http: httpx.AsyncHTTPTransport, url: str) -> None:
+        """Probe a ready replica's /health; one that answers nothing (any status counts as an answer) for
+        ``hang_timeout`` seconds — stopped, deadlocked in a driver call — is killed at once and reported."""
+        spec = rep.spec
+        if spec.hang_timeout is None:
+            return
+        every = max(0.05, min(_WATCH_EVERY, spec.hang_timeout / 4))
+        last_answer = trio.current_time()
+        while rep.stop_reason is None and not rep.exit_seen:
+            await trio.sleep(every)
+            try:
+                await _get_status(http, url, max(every, min(_HEALTH_CALL_TIMEOUT * 5, spec.hang_timeout / 2)))
+            except httpx.HTTPError:
+                silent = trio.current_time() - last_answer
+                if silent < spec.hang_timeout or rep.stop_reason is not None or rep.exit_seen:
+                    continue
+                reason = f"no answer to /health for {silent:.0f} s (hang_timeout = {spec.hang_timeout:g})"
+                self._log.error("[%s] %s: killing it", rep.label, reason)
+                rep.stop_reason = f"not responding: {reason}"
+                rep.stop_requested.set()
+                if rep.child is not None:
+                    rep.child.signal_group(signal.SIGKILL)  # a stopped or hung process ignores SIGTERM
+                self._emit(ProcessUnresponsive(spec.replica_id, reason))
+                return
+            else:
+                last_answer = trio.current_time()
 
     def _exit_reason(self, rep: _Replica) -> str:
         if rep.stop_reason is not None:

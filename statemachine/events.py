@@ -59,6 +59,15 @@ class LoadFailed:
 
 
 @attrs.frozen
+class ReplicaUnresponsive:
+    """A ready replica stopped answering (its health probe went unanswered for too long): it must take no
+    more work and go. A report about a replica already stopping, or gone, changes nothing."""
+
+    replica: int
+    reason: str
+
+
+@attrs.frozen
 class ReplicaExited:
     """The replica's process is gone; its memory is free."""
 
@@ -107,6 +116,7 @@ Event = (
     | RequestFinished
     | ReplicaReady
     | LoadFailed
+    | ReplicaUnresponsive
     | ReplicaExited
     | UnloadRequested
     | DispatchFailed

@@ -22,6 +22,7 @@ from .events import (
     LoadFailed,
     ReplicaExited,
     ReplicaReady,
+    ReplicaUnresponsive,
     RequestArrived,
     RequestFinished,
     SettingsChanged,
@@ -166,6 +167,15 @@ def _after_load_failure(w: Work, model: str, reason: str) -> None:
     fail_waiters(w, model, f"model '{model}' failed to load: {reason}", 503, "load_failed")
 
 
+def _unresponsive(w: Work, e: ReplicaUnresponsive) -> None:
+    replica = w.replicas.get(e.replica)
+    if replica is None or replica.phase == STOPPING:
+        return  # already going: the report is moot
+    if replica.phase != READY:
+        raise IllegalEvent(f"ReplicaUnresponsive for replica {e.replica}, which is still loading")
+    w.kill(replica, f"not responding: {e.reason}")
+
+
 def _exited(w: Work, e: ReplicaExited) -> None:
     replica = w.replicas.get(e.replica)
     if replica is None:
@@ -241,6 +251,7 @@ _RULES: dict[type, Callable[[Work, Any], None]] = {
     RequestFinished: _finished,
     ReplicaReady: _ready,
     LoadFailed: _load_failed,
+    ReplicaUnresponsive: _unresponsive,
     ReplicaExited: _exited,
     UnloadRequested: _unload,
     DispatchFailed: dispatch_failed,

@@ -216,7 +216,7 @@ def test_cpu_moe_and_override_tensor(tmp_path: Path) -> None:
     path = _moe(tmp_path)
     base = _plan(path, ctx=4096)
     every = memory_flags({}, {"cmoe": True}, n_gpus=1, base_dir=tmp_path)
-    assert every.host_patterns == (EXPERTS_REGEX,) and every.host_flags == ("--cmoe",)
+    assert every.host_patterns == (EXPERTS_REGEX,) and every.host_flags == ("-cmoe",)
     all_experts = _plan(path, ctx=4096, host_patterns=every.host_patterns)
     assert base.rows[0].weights - all_experts.rows[0].weights == 4 * EXPERTS_PER_LAYER
     one = memory_flags({}, {"ot": r"blk\.3\.ffn_down_exps=CPU,output\.=CPU"}, n_gpus=1, base_dir=tmp_path)

@@ -27,6 +27,7 @@ from statemachine import (
     Reject,
     ReplicaExited,
     ReplicaReady,
+    ReplicaUnresponsive,
     RequestArrived,
     RequestFinished,
     Settings,
@@ -360,6 +361,27 @@ def test_crash_fails_in_flight_requests_and_the_next_request_reloads() -> None:
             (ReplicaReady(1), [Dispatch(1, 1, "a")]),
             (ReplicaExited(1, "segfault"), [Reject(1, 502, "replica_exited", exited)]),
             (RequestArrived(2, "a"), [spawn(2, "a", 2)]),
+        ],
+    )
+
+
+def test_an_unresponsive_replica_is_killed_at_once_and_the_next_request_reloads() -> None:
+    """Killed busy; the waiting request gets a new replica; a late second report changes nothing."""
+    # checks: INV-UNRESPONSIVE
+    exited = "the replica of 'a' serving this request exited: killed"
+    play(
+        Settings(models=[ModelSpec("a")]),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (RequestArrived(2, "a"), []),
+            (
+                ReplicaUnresponsive(1, "no answer to /health for 30 s"),
+                [Kill(1, "a", "not responding: no answer to /health for 30 s"), spawn(2, "a", 2)],
+            ),
+            (ReplicaUnresponsive(1, "no answer to /health for 40 s"), []),
+            (ReplicaExited(1, "killed"), [Reject(1, 502, "replica_exited", exited)]),
+            (ReplicaReady(2), [Dispatch(2, 2, "a")]),
         ],
     )
 

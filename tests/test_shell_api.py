@@ -193,7 +193,7 @@ async def test_unload_waits_for_in_flight_work(tmp_path: Path) -> None:
         answered = trio.current_time()
         await busy.done.wait()
         assert response.status_code == 200
-        assert response.json() == {"unloaded": "a", "forced": False}
+        assert response.json() == {"unloaded": "a", "forced": False, "replicas": [1], "waited": True}
         assert h.router.state.replicas_of("a") == [] or all(
             r.phase == "stopping" for r in h.router.state.replicas_of("a")
         )
@@ -212,7 +212,8 @@ async def test_forced_unload_stops_at_once(tmp_path: Path) -> None:
         await busy.done.wait()
         await h.wait_state(lambda s: not s.replicas_of("a"))
         (record,) = read_records(h.records_of("a"))
-    assert response.status_code == 200 and response.json() == {"unloaded": "a", "forced": True}
+    expected = {"unloaded": "a", "forced": True, "replicas": [1], "waited": True}
+    assert response.status_code == 200 and response.json() == expected
     assert answered - asked < 2.0
     reply = busy.stream
     assert not reply.done and len(reply.errors) == 1
