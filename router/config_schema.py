@@ -281,6 +281,16 @@ ROUTER_KEYS: tuple[KeySpec, ...] = (
         exclusive_minimum=True,
     ),
     KeySpec(
+        "max_connections",
+        INTEGER,
+        None,
+        "Most client connections open at once; past it a new connection gets 503 at once. Unset: half of "
+        "the open-file limit (raised towards its hard maximum, at most 65536, at start) less a reserve "
+        "for replicas and files.",
+        1,
+        default_text="from the open-file limit",
+    ),
+    KeySpec(
         "send_timeout",
         NUMBER,
         60.0,

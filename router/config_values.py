@@ -181,6 +181,7 @@ class RouterSettings:
     max_body_mib: int = _router_default("max_body_mib")
     keep_alive_timeout: float = _router_default("keep_alive_timeout")
     send_timeout: float = _router_default("send_timeout")
+    max_connections: int | None = None
     default_pool: str | None = None
     api_keys: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     cors_origins: tuple[str, ...] = attrs.field(default=(), converter=_tuple)

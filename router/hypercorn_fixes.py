@@ -1,4 +1,4 @@
-"""Two fixes to hypercorn's HTTP/1.1 connections under Trio, applied when the router starts.
+"""Fixes and one limit for hypercorn's HTTP/1.1 connections under Trio, applied when the router starts.
 
 End of an exchange
     When a response ends, hypercorn tells the application the exchange is over (``http.disconnect``) and
@@ -16,11 +16,19 @@ Clients that stop reading
     (``send_timeout`` seconds without the kernel taking the bytes); a client that misses it is cut — the
     socket closed, the application told the client left, the slot freed. :func:`cut_stalled_writes` ends
     every pending write at once, for the last moments of a shutdown.
+
+A budget of open connections
+    Every client connection holds a file descriptor (two while its request is relayed). Past
+    ``max_connections`` open connections, a new one is answered at once with a 503 in the OpenAI error
+    shape and closed, without reading its request, so idle or slow clients (slowloris) can never exhaust
+    the process's descriptors and take the router down.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import logging
 import math
 from typing import Any
@@ -29,23 +37,75 @@ import trio
 from hypercorn.events import Closed, RawData
 from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
-from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
 log = logging.getLogger("router")
 
 _MARK = "_llama_router_fixed"
 _writes: set[trio.CancelScope] = set()
 _send_timeout = 60.0
+_max_connections: int | None = None
+_open_connections = 0
+_REFUSE_WITHIN = 1.0  # seconds to hand the 503 to a connection over the budget before closing it
 
 
-def apply(send_timeout: float = 60.0) -> None:
-    """Install both fixes (idempotent); ``send_timeout`` bounds every write to a client."""
-    global _send_timeout
+def apply(send_timeout: float = 60.0, max_connections: int | None = None) -> None:
+    """Install the fixes (idempotent); ``send_timeout`` bounds every write to a client and
+    ``max_connections`` the client connections open at once (None: no limit)."""
+    global _send_timeout, _max_connections
     _send_timeout = send_timeout
+    _max_connections = max_connections
+    if not getattr(TCPServer.run, _MARK, False):
+        TCPServer.run = _budgeted_connections(TCPServer.run)  # type: ignore[method-assign]
     if not getattr(H11Protocol.stream_send, _MARK, False):
         H11Protocol.stream_send = _shield_end_of_exchange(H11Protocol.stream_send)  # type: ignore[method-assign]
     if not getattr(TCPServer.protocol_send, _MARK, False):
         TCPServer.protocol_send = _bounded_writes(TCPServer.protocol_send)  # type: ignore[method-assign]
+
+
+def open_connections() -> int:
+    """Client connections open right now."""
+    return _open_connections
+
+
+def _over_budget_reply(limit: int) -> bytes:
+    message = (
+        f"the router has {limit} client connections open, its limit (max_connections); close idle "
+        "connections or raise max_connections (and the open-file limit), then try again"
+    )
+    body = json.dumps({"error": {"message": message, "type": "server_error", "code": "too_many_connections"}})
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\nretry-after: 1\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body.encode()
+
+
+def _budgeted_connections(original: Any) -> Any:
+    @functools.wraps(original)
+    async def run(self: TCPServer) -> None:
+        global _open_connections
+        limit = _max_connections
+        if limit is not None and _open_connections >= limit:
+            gone = (trio.BrokenResourceError, trio.ClosedResourceError, AttributeError)
+            with trio.move_on_after(_REFUSE_WITHIN), contextlib.suppress(*gone):
+                await self.stream.send_all(_over_budget_reply(limit))
+                # Lingering close: end our side, then read what the client sent until it closes too;
+                # closing with its request unread would reset the connection and lose the 503.
+                await self.stream.send_eof()
+                while await self.stream.receive_some(MAX_RECV):
+                    pass
+            with trio.CancelScope(shield=True):
+                await self.stream.aclose()
+            return
+        _open_connections += 1
+        try:
+            await original(self)
+        finally:
+            _open_connections -= 1
+
+    setattr(run, _MARK, True)
+    return run
 
 
 def cut_stalled_writes() -> int:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import resource
 import signal
 import sys
 from collections.abc import Callable
@@ -24,6 +26,7 @@ from .runtime import Router
 
 log = logging.getLogger("router")
 LAST_RESORT_AFTER = 10.0
+FILES_RESERVED = 128  # descriptors kept for replicas' pipes, the history database, logs and the like
 
 
 def hypercorn_config(config: Config) -> HypercornConfig:
@@ -39,6 +42,21 @@ def hypercorn_config(config: Config) -> HypercornConfig:
     return hc
 
 
+def connection_budget(config: Config) -> int:
+    """``max_connections``, or what the open-file limit allows. The limit is first raised towards its hard
+    maximum (at most 65536): each client connection costs a descriptor, two while its request is relayed,
+    and replicas, logs and the history database need some too."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if wanted > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    if config.router.max_connections is not None:
+        return config.router.max_connections
+    return max(16, (soft - FILES_RESERVED) // 2)
+
+
 def build_router(config: Config) -> Router:
     monitor = GpuMonitor()
     return Router(prepare(config, monitor), gpus=monitor)
@@ -47,7 +65,7 @@ def build_router(config: Config) -> Router:
 async def run_server(
     config: Config, *, on_ready: Callable[[str], None] | None = None, router: Router | None = None
 ) -> None:
-    hypercorn_fixes.apply(config.router.send_timeout)
+    hypercorn_fixes.apply(config.router.send_timeout, connection_budget(config))
     router = router or build_router(config)
     try:
         await _serve_router(config, router, on_ready)

@@ -74,3 +74,30 @@ async def test_idle_keep_alive_connections_are_closed_after_the_timeout(tmp_path
             with trio.fail_after(10):
                 assert await stream.receive_some(65536) == b""
             assert trio.current_time() - idle_from >= 0.9
+
+
+async def test_connections_past_the_budget_get_503_at_once_and_slow_clients_cannot_starve_it(
+    tmp_path: Path,
+) -> None:
+    """Slowloris: clients that trickle a request line keep their connections; past max_connections a
+    new connection is answered 503 in the OpenAI shape without being read; when they go, service resumes."""
+    async with running_router(tmp_path, {"m": {}}, router={"max_connections": 6}) as h:
+        port = h.config.router.port
+        slow = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(6)]
+        for conn in slow:
+            await conn.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished
+        await trio.sleep(0.2)
+        data, took = await exchange(h, "GET /v1/models HTTP/1.1\nHost: 127.0.0.1\n", within=5)
+        head, body = data.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head.lower()
+        error = json.loads(body)["error"]
+        assert error["code"] == "too_many_connections" and "max_connections" in error["message"]
+        assert took < 2
+        for conn in slow:
+            await conn.aclose()
+        with trio.fail_after(5):
+            while True:
+                reply = await h.client.get("/v1/models")  # the pooled client opens a new connection
+                if reply.status_code == 200:
+                    break
+                await trio.sleep(0.05)
