@@ -181,7 +181,7 @@ def _router(doc: Doc, table: Mapping[str, Any], env: Mapping[str, str]) -> Route
     for spec in ROUTER_KEYS:
         raw = table.get(spec.name)
         values[spec.name] = spec.default if raw is None else doc.check("router", spec, raw)
-    for name in ("api_keys_file", "history_db"):
+    for name in ("api_keys_file", "history_db", "replica_logs"):
         if values[name] is not None:
             values[name] = doc.path_value(values[name])
     binary = values["llama_server"]
@@ -194,6 +194,8 @@ def _router(doc: Doc, table: Mapping[str, Any], env: Mapping[str, str]) -> Route
             values[spec.name] = Path(value).expanduser() if spec.name == "history_db" else value
     if values["history_db"] is None:
         values["history_db"] = default_state_dir(env) / "history.db"
+    if values["replica_logs"] is None:
+        values["replica_logs"] = default_state_dir(env) / "logs"
     values["api_keys"] = _unique(values["api_keys"])
     for name, problem, canonical in (
         ("cors_origins", origin_entry_problem, canonical_origin_entry),

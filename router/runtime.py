@@ -54,6 +54,7 @@ from .launch import ModelLaunch
 from .llama_args import gpu_env
 from .ports import free_port
 from .records import Observation, RequestRecord, record_of
+from .replica_logs import ReplicaLogs
 from .supervisor import (
     LaunchSpec,
     ProcessExited,
@@ -116,8 +117,10 @@ class Router:
         router = deployment.config.router
         self.load_timeout = router.load_timeout
         self.stop_timeout = router.stop_timeout
-        log_lines = router.log_lines
-        self.supervisor = Supervisor(self._from_supervisor, log_lines=log_lines)
+        files = ReplicaLogs(
+            router.replica_logs, keep=router.replica_log_files, max_bytes=router.replica_log_max_mib << 20
+        )
+        self.supervisor = Supervisor(self._from_supervisor, log_lines=router.log_lines, log_files=files)
         self.tickets: dict[int, Ticket] = {}
         self.ports: dict[int, int] = {}
         self.ready_at: dict[int, float] = {}
@@ -265,6 +268,14 @@ class Router:
                 ticket = self.tickets.get(rid)
                 if ticket is None:
                     return
+                log.info(
+                    "refused request %d for %s: %d %s: %s",
+                    rid,
+                    ticket.target,
+                    command.status,
+                    command.code,
+                    command.message,
+                )
                 ticket.closed = True
                 if ticket.dispatch is None:
                     ticket.reject = command
