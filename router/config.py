@@ -73,10 +73,12 @@ __all__ = [
     "ReasoningEffort",
     "RouterSettings",
     "check_gpu_ids",
+    "config_dir",
     "config_from_dict",
     "default_state_dir",
     "load_config",
     "read_api_keys",
+    "read_document",
     "reference_markdown",
     "resolve_gpus",
     "resolve_name",
@@ -95,6 +97,13 @@ def default_state_dir(env: Mapping[str, str] | None = None) -> Path:
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
     """Read, parse and validate a config file; ``env`` (default os.environ) supplies the overrides."""
     path = Path(path)
+    return config_from_dict(
+        read_document(path), path, env=os.environ if env is None else env, base_dir=path.absolute().parent
+    )
+
+
+def read_document(path: Path) -> Any:
+    """The parsed document of a config file (``.json``: JSON, else TOML), not validated yet."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -110,9 +119,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
             data = tomllib.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(path, f"not valid TOML: {exc}") from None
-    return config_from_dict(
-        data, path, env=os.environ if env is None else env, base_dir=path.absolute().parent
-    )
+    return data
 
 
 def config_from_dict(
@@ -163,6 +170,13 @@ def config_from_dict(
             )
         config = _evolve_router(config, default_pool=canonical)
     return config
+
+
+def config_dir(config: Config) -> Path:
+    """The directory relative paths start from: the config file's, or the models folder of a configuration
+    made from a folder alone (whose ``path`` is that folder)."""
+    path = config.path.absolute()
+    return path if path.is_dir() else path.parent
 
 
 def _evolve_router(config: Config, **changes: Any) -> Config:

@@ -47,7 +47,8 @@ from statemachine import (
     step,
 )
 
-from .config import Config
+from .config import Config, config_dir
+from .config_source import ConfigSource
 from .deploy import Deployment
 from .gpu_monitor import GpuMonitor, Ours
 from .launch import ModelLaunch
@@ -110,8 +111,11 @@ RecordListener = Callable[[RequestRecord], None]
 
 
 class Router:
-    def __init__(self, deployment: Deployment, *, gpus: GpuMonitor | None = None) -> None:
+    def __init__(
+        self, deployment: Deployment, *, gpus: GpuMonitor | None = None, source: ConfigSource | None = None
+    ) -> None:
         self.deployment = deployment
+        self.source = source  # where a reload reads the configuration (None: the config file again)
         self.gpus = gpus or GpuMonitor()
         self.state: State = initial_state(deployment.settings, trio.current_time())
         router = deployment.config.router
@@ -330,7 +334,7 @@ class Router:
     def _replica_dir(self) -> str | None:
         """Where replicas start: the config file's directory, so that relative paths in llama-server flags
         (``mmproj``, ``model-draft``, ...) mean what they mean in the config file."""
-        folder = self.config.path.absolute().parent
+        folder = config_dir(self.config)
         return str(folder) if folder.is_dir() else None
 
     def our_pids(self) -> Ours:

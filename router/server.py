@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -16,6 +17,7 @@ from hypercorn.trio import serve
 from . import hypercorn_fixes
 from .app import create_app
 from .config import Config
+from .config_source import ConfigSource
 from .dash import register_dash, start_observers
 from .deploy import prepare
 from .gpu_monitor import GpuMonitor
@@ -39,16 +41,21 @@ def hypercorn_config(config: Config) -> HypercornConfig:
     return hc
 
 
-def build_router(config: Config) -> Router:
+def build_router(config: Config, source: ConfigSource | None = None) -> Router:
+    """A router for ``config``; ``source`` is where reloads read the configuration again (None: its file)."""
     monitor = GpuMonitor()
-    return Router(prepare(config, monitor), gpus=monitor)
+    return Router(prepare(config, monitor), gpus=monitor, source=source)
 
 
 async def run_server(
-    config: Config, *, on_ready: Callable[[str], None] | None = None, router: Router | None = None
+    config: Config,
+    *,
+    on_ready: Callable[[str], None] | None = None,
+    router: Router | None = None,
+    source: ConfigSource | None = None,
 ) -> None:
     hypercorn_fixes.apply(config.router.send_timeout)
-    router = router or build_router(config)
+    router = router or build_router(config, source)
     try:
         await _serve_router(config, router, on_ready)
     finally:
@@ -113,9 +120,9 @@ async def _serve_router(config: Config, router: Router, on_ready: Callable[[str]
         nursery.cancel_scope.cancel()
 
 
-def main_run(config: Config) -> int:
+def main_run(config: Config, source: ConfigSource | None = None) -> int:
     try:
-        trio.run(run_server, config)
+        trio.run(functools.partial(run_server, config, source=source))
     except KeyboardInterrupt:
         return 130
     return 0

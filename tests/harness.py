@@ -29,6 +29,7 @@ import httpx
 import trio
 
 from router.config import Config, config_from_dict
+from router.config_source import ConfigSource
 from router.runtime import Router
 from router.server import build_router, run_server
 from statemachine import State
@@ -175,7 +176,16 @@ async def serving(
     doc = with_replica_logs(dir, doc)
     write_config(dir, doc)
     config = config_from_dict(doc, dir / "router.json")
-    the_router = build_router(config)
+    async with serving_config(dir, config, client_timeout=client_timeout) as handle:
+        yield handle
+
+
+@contextlib.asynccontextmanager
+async def serving_config(
+    dir: Path, config: Config, *, source: ConfigSource | None = None, client_timeout: float = 30.0
+) -> AsyncIterator[RouterHandle]:
+    """Start the router on ``config`` in this Trio run (reloads read ``source``, else the config file)."""
+    the_router = build_router(config, source)
     url = f"http://{config.router.host}:{config.router.port}"
     refusals = _RefusalWatch()
     logging.getLogger("router").addHandler(refusals)
