@@ -50,6 +50,15 @@ def _plan(args: argparse.Namespace) -> int:
     return plan_command(source, as_json=args.json)
 
 
+def _init(args: argparse.Namespace) -> int:
+    from .init_config import init_command
+    from .server import fail
+
+    if args.models_dir is None:
+        return fail("init needs --models-dir DIR: the folder whose GGUF files the configuration serves")
+    return init_command(ConfigSource(models_dir=Path(args.models_dir)))
+
+
 def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     def default(value: object) -> object:
         return value if defaults else argparse.SUPPRESS
@@ -87,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("run", help="run the router (the default)", parents=[common])
     plan = sub.add_parser("plan", help="print the memory plan of every model and exit", parents=[common])
     plan.add_argument("--json", action="store_true", help="print the versioned JSON document")
+    sub.add_parser(
+        "init", help="print a commented config for the models of --models-dir DIR", parents=[common]
+    )
     sub.add_parser("make-model", help="write a tiny random-weight GGUF model (see make-model --help)")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -94,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "plan":
         return _plan(args)
+    if args.command == "init":
+        return _init(args)
     return _run(args)
 
 

@@ -1,5 +1,6 @@
 """Serving a folder of GGUF files: what the scan finds (models, split shards, projectors), the configuration
-made from it (alone and with a config file), and ``--models-dir`` through the simulated llama-server."""
+made from it (alone and with a config file), ``--models-dir`` through the simulated llama-server, and
+``init``, whose output loads and plans."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -314,6 +316,70 @@ async def test_the_command_line_serves_a_folder_without_a_config(tmp_path: Path)
     router_log = log_path.read_text()
     assert "load Beta-Chat (replica 1)" in router_log and "is served as 'Beta-Chat'" in router_log
     assert "load_tensors:" not in router_log and "main: model loaded" not in router_log  # replica lines
+
+
+def test_init_prints_a_config_that_loads_and_plans(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    tiny(root / "alpha.gguf", 1)
+    tiny(root / "Beta Chat.gguf", 2)
+    projector(root / "mmproj-alpha-f16.gguf", 64)
+    tiny(root / "big-00001-of-00002.gguf", 3)
+    (root / "big-00002-of-00002.gguf").write_bytes(b"shard")
+    env = _env(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "router", "init", "--models-dir", str(root)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    data = tomllib.loads(text)
+    assert data["router"] == {}  # every [router] key is commented out
+    assert "# max_models_per_gpu = 1" in text and '# host = "127.0.0.1"' in text
+    assert set(data["models"]) == {"alpha", "Beta-Chat", "big"}
+    assert data["models"]["alpha"] == {
+        "model": str(root / "alpha.gguf"),
+        "gpus": [0],
+        "mmproj": str(root / "mmproj-alpha-f16.gguf"),
+    }
+    assert data["models"]["big"]["model"] == str(root / "big-00001-of-00002.gguf")
+    assert "# header: architecture llama, 2 layers, trained context 2048" in text
+    assert "in 2 files" in text and "# plan: unknown-budget, context 2048" in text
+    config = tmp_path / "router.toml"
+    config.write_text(text)
+    planned = subprocess.run(
+        [sys.executable, "-m", "router", "plan", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+    )
+    assert planned.returncode == 0, planned.stdout + planned.stderr
+    assert "alpha" in planned.stdout and "Beta-Chat" in planned.stdout
+
+
+def test_init_needs_a_folder_with_models(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    for argv, message in (
+        (["init"], "init needs --models-dir DIR"),
+        (["init", "--models-dir", str(tmp_path / "empty")], "no GGUF model found"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "router", *argv],
+            capture_output=True,
+            text=True,
+            env=_env(tmp_path),
+            cwd=REPO,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
 # ------------------------------------------------------------------------------------------------- real
