@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        # httpx logs every request the router forwards at INFO; INFO is for the router's own decisions.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.command == "plan":
         return _plan(args)
     if args.command == "init":

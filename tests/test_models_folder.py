@@ -316,6 +316,7 @@ async def test_the_command_line_serves_a_folder_without_a_config(tmp_path: Path)
     router_log = log_path.read_text()
     assert "load Beta-Chat (replica 1)" in router_log and "is served as 'Beta-Chat'" in router_log
     assert "load_tensors:" not in router_log and "main: model loaded" not in router_log  # replica lines
+    assert "HTTP Request:" not in router_log  # nor every forwarded request
 
 
 def test_init_prints_a_config_that_loads_and_plans(tmp_path: Path) -> None:
