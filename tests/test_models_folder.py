@@ -323,6 +323,7 @@ def test_init_prints_a_config_that_loads_and_plans(tmp_path: Path) -> None:
     root = tmp_path / "models"
     tiny(root / "alpha.gguf", 1)
     tiny(root / "Beta Chat.gguf", 2)
+    tiny(root / "Qwen2.5-mini.gguf", 4)  # a name TOML must quote
     projector(root / "mmproj-alpha-f16.gguf", 64)
     tiny(root / "big-00001-of-00002.gguf", 3)
     (root / "big-00002-of-00002.gguf").write_bytes(b"shard")
@@ -341,7 +342,8 @@ def test_init_prints_a_config_that_loads_and_plans(tmp_path: Path) -> None:
     data = tomllib.loads(text)
     assert data["router"] == {}  # every [router] key is commented out
     assert "# max_models_per_gpu = 1" in text and '# host = "127.0.0.1"' in text
-    assert set(data["models"]) == {"alpha", "Beta-Chat", "big"}
+    assert set(data["models"]) == {"alpha", "Beta-Chat", "Qwen2.5-mini", "big"}
+    assert '[models."Qwen2.5-mini"]' in text
     assert data["models"]["alpha"] == {
         "model": str(root / "alpha.gguf"),
         "gpus": [0],
