@@ -181,6 +181,7 @@ def router_process(
             "port": port,
             "llama_server": str(binary or llama_server_binary()),
             "history_db": str(work_dir / "history.db"),
+            "replica_logs": str(work_dir / "replica-logs"),
             "load_timeout": 60.0,
             "stop_timeout": 5.0,
             "shutdown_grace": 2.0,

@@ -10,6 +10,7 @@ let
       port = cfg.port;
       llama_server = "${lib.getBin cfg.llamaCpp}/bin/llama-server";
       history_db = "/var/lib/llama-router/history.db";
+      replica_logs = "/var/lib/llama-router/logs";
     };
     models = cfg.models;
   };

@@ -1,4 +1,5 @@
-"""Command line: ``python -m router --config FILE`` runs the router; subcommands do the rest."""
+"""Command line: ``python -m router --config FILE`` (or ``--models-dir DIR``) runs the router; subcommands
+do the rest."""
 
 from __future__ import annotations
 
@@ -6,33 +7,77 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
-from .config import ConfigError, load_config
+from .config import ConfigError
+from .config_source import ConfigSource
 from .locate import LlamaServerNotFound
+
+NO_CONFIG = "no configuration: pass --config FILE, --models-dir DIR, or set ROUTER_CONFIG_PATH"
+
+
+def _source(args: argparse.Namespace) -> ConfigSource | None:
+    file = args.config or os.environ.get("ROUTER_CONFIG_PATH") or None
+    if file is None and args.models_dir is None:
+        return None
+    return ConfigSource(
+        file=Path(file) if file else None,
+        models_dir=Path(args.models_dir) if args.models_dir else None,
+        host=args.host,
+        port=args.port,
+    )
 
 
 def _run(args: argparse.Namespace) -> int:
     from .server import fail, main_run
 
-    path = args.config or os.environ.get("ROUTER_CONFIG_PATH")
-    if not path:
-        return fail("no configuration: pass --config FILE or set ROUTER_CONFIG_PATH")
+    source = _source(args)
+    if source is None:
+        return fail(NO_CONFIG)
     try:
-        config = load_config(path)
-    except ConfigError as exc:
-        return fail(str(exc))
-    except OSError as exc:
-        return fail(f"cannot read config {path}: {exc.strerror or exc}")
-    try:
-        return main_run(config)
+        return main_run(source.load(), source)
     except (LlamaServerNotFound, ConfigError) as exc:
         return fail(str(exc))
 
 
 def _plan(args: argparse.Namespace) -> int:
     from .placement_bridge import plan_command
+    from .server import fail
 
-    return plan_command(args.config or os.environ.get("ROUTER_CONFIG_PATH"), as_json=args.json)
+    source = _source(args)
+    if source is None:
+        return fail(NO_CONFIG)
+    return plan_command(source, as_json=args.json)
+
+
+def _init(args: argparse.Namespace) -> int:
+    from .init_config import init_command
+    from .server import fail
+
+    if args.models_dir is None:
+        return fail("init needs --models-dir DIR: the folder whose GGUF files the configuration serves")
+    return init_command(ConfigSource(models_dir=Path(args.models_dir)))
+
+
+def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument(
+        "--config", default=default(None), help="TOML or JSON config (default: $ROUTER_CONFIG_PATH)"
+    )
+    parser.add_argument(
+        "--models-dir",
+        default=default(None),
+        help="serve every GGUF model in this folder (with --config: added to the file's models)",
+    )
+    parser.add_argument(
+        "--host", default=default(None), help="listen address (overrides config and ROUTER_HOST)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=default(None), help="listen port (overrides config and ROUTER_PORT)"
+    )
+    parser.add_argument("--log-level", default=default(os.environ.get("ROUTER_LOG_LEVEL", "INFO")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,21 +86,31 @@ def main(argv: list[str] | None = None) -> int:
         from .tinymodel import main as make_model
 
         return make_model(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m router", description="llama-router")
+    _add_common(parser, defaults=True)
+    # The subcommands take the same options; their defaults are suppressed so that an option given before
+    # the subcommand (``--models-dir DIR plan``) is not reset by it.
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", help="TOML or JSON config (default: $ROUTER_CONFIG_PATH)")
-    common.add_argument("--log-level", default=os.environ.get("ROUTER_LOG_LEVEL", "INFO"))
-    parser = argparse.ArgumentParser(prog="python -m router", description="llama-router", parents=[common])
+    _add_common(common, defaults=False)
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("run", help="run the router (the default)", parents=[common])
     plan = sub.add_parser("plan", help="print the memory plan of every model and exit", parents=[common])
     plan.add_argument("--json", action="store_true", help="print the versioned JSON document")
+    sub.add_parser(
+        "init", help="print a commented config for the models of --models-dir DIR", parents=[common]
+    )
     sub.add_parser("make-model", help="write a tiny random-weight GGUF model (see make-model --help)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        # httpx logs every request the router forwards at INFO; INFO is for the router's own decisions.
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     if args.command == "plan":
         return _plan(args)
+    if args.command == "init":
+        return _init(args)
     return _run(args)
 
 

@@ -18,7 +18,7 @@ from .errors import error_response, unknown_model
 from .proxy import SAFE_SEGMENT, Proxy
 from .reload import reload_config
 from .runtime import Router
-from .status import models_document, status_document
+from .status import models_document, replica_log, status_document
 from .tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
 
 FORWARDED = (
@@ -166,6 +166,16 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
     @app.route("/status")
     async def status() -> Response:
         return Response(json.dumps(status_document(router.config, router)), content_type="application/json")
+
+    @app.route("/logs/<int:replica>")
+    async def logs(replica: int) -> Response:
+        lines = request.args.get("lines", type=int)
+        found = await replica_log(router, replica, lines)
+        if found is None:
+            message = f"no replica {replica} is running or exited recently; /status lists the replicas"
+            return error_response(404, "replica_not_found", message)
+        text, source = found
+        return Response(text, content_type="text/plain; charset=utf-8", headers={"x-log-source": source})
 
     @app.route("/upstream/<model>/<path:rest>", methods=["GET", "POST"])
     async def upstream(model: str, rest: str) -> Response:

@@ -73,10 +73,12 @@ __all__ = [
     "ReasoningEffort",
     "RouterSettings",
     "check_gpu_ids",
+    "config_dir",
     "config_from_dict",
     "default_state_dir",
     "load_config",
     "read_api_keys",
+    "read_document",
     "reference_markdown",
     "resolve_gpus",
     "resolve_name",
@@ -95,6 +97,13 @@ def default_state_dir(env: Mapping[str, str] | None = None) -> Path:
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
     """Read, parse and validate a config file; ``env`` (default os.environ) supplies the overrides."""
     path = Path(path)
+    return config_from_dict(
+        read_document(path), path, env=os.environ if env is None else env, base_dir=path.absolute().parent
+    )
+
+
+def read_document(path: Path) -> Any:
+    """The parsed document of a config file (``.json``: JSON, else TOML), not validated yet."""
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -110,9 +119,7 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
             data = tomllib.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
             raise ConfigError(path, f"not valid TOML: {exc}") from None
-    return config_from_dict(
-        data, path, env=os.environ if env is None else env, base_dir=path.absolute().parent
-    )
+    return data
 
 
 def config_from_dict(
@@ -165,6 +172,13 @@ def config_from_dict(
     return config
 
 
+def config_dir(config: Config) -> Path:
+    """The directory relative paths start from: the config file's, or the models folder of a configuration
+    made from a folder alone (whose ``path`` is that folder)."""
+    path = config.path.absolute()
+    return path if path.is_dir() else path.parent
+
+
 def _evolve_router(config: Config, **changes: Any) -> Config:
     return attrs.evolve(config, router=attrs.evolve(config.router, **changes))
 
@@ -181,7 +195,7 @@ def _router(doc: Doc, table: Mapping[str, Any], env: Mapping[str, str]) -> Route
     for spec in ROUTER_KEYS:
         raw = table.get(spec.name)
         values[spec.name] = spec.default if raw is None else doc.check("router", spec, raw)
-    for name in ("api_keys_file", "history_db"):
+    for name in ("api_keys_file", "history_db", "replica_logs"):
         if values[name] is not None:
             values[name] = doc.path_value(values[name])
     binary = values["llama_server"]
@@ -194,6 +208,8 @@ def _router(doc: Doc, table: Mapping[str, Any], env: Mapping[str, str]) -> Route
             values[spec.name] = Path(value).expanduser() if spec.name == "history_db" else value
     if values["history_db"] is None:
         values["history_db"] = default_state_dir(env) / "history.db"
+    if values["replica_logs"] is None:
+        values["replica_logs"] = default_state_dir(env) / "logs"
     values["api_keys"] = _unique(values["api_keys"])
     for name, problem, canonical in (
         ("cors_origins", origin_entry_problem, canonical_origin_entry),

@@ -386,7 +386,37 @@ ROUTER_KEYS: tuple[KeySpec, ...] = (
         "sysfs reading and no `[devices.N] memory_mib`): min(trained context, this).",
         1,
     ),
-    KeySpec("log_lines", INTEGER, 400, "Lines of llama-server output kept per replica.", 1),
+    KeySpec(
+        "log_lines",
+        INTEGER,
+        400,
+        "Lines of llama-server output kept in memory per replica (for error messages and `/logs/{replica}` "
+        "when there is no log file).",
+        1,
+    ),
+    KeySpec(
+        "replica_logs",
+        PATH,
+        None,
+        "Directory of the per-replica log files (`<model>-<replica>.log`, everything llama-server prints; "
+        "served at `/logs/{replica}`). Changes with a restart.",
+        default_text="$XDG_STATE_HOME/llama-router/logs (~/.local/state/llama-router/logs)",
+    ),
+    KeySpec(
+        "replica_log_files",
+        INTEGER,
+        5,
+        "Log files kept per model: when a replica starts, older files of its model beyond this many go.",
+        1,
+    ),
+    KeySpec(
+        "replica_log_max_mib",
+        INTEGER,
+        8,
+        "Size in MiB at which a replica's log file is renamed to `<name>.log.1` (replacing the previous "
+        "one) and started afresh.",
+        1,
+    ),
 )
 
 DEVICE_KEYS: tuple[KeySpec, ...] = (

@@ -37,7 +37,7 @@ from router.config_values import (
 )
 from router.llama_args import flag_identity, router_owned_hint
 
-_MAX_NAME = 200
+MAX_NAME = 200
 _MODEL_ROUTER_KEYS = frozenset(spec.name for spec in MODEL_KEYS)
 
 
@@ -178,14 +178,18 @@ def _flag_value(doc: Doc, key: str, value: Any) -> FlagValue:
 # ----------------------------------------------------------------------------------------------- [models]
 
 
+def valid_name(name: Any) -> bool:
+    """Whether ``name`` may name a model, pool or alias: 1 to 200 printable characters without spaces."""
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= MAX_NAME
+        and not any(c.isspace() or not c.isprintable() for c in name)
+    )
+
+
 def _check_name(doc: Doc, key: str, name: Any, what: str) -> str:
-    if (
-        not isinstance(name, str)
-        or not name
-        or len(name) > _MAX_NAME
-        or any(c.isspace() or not c.isprintable() for c in name)
-    ):
-        raise doc.invalid(key, name, f"{what} must be 1 to {_MAX_NAME} printable characters without spaces")
+    if not valid_name(name):
+        raise doc.invalid(key, name, f"{what} must be 1 to {MAX_NAME} printable characters without spaces")
     return name
 
 

@@ -159,8 +159,8 @@ class RouterSettings:
 
     ``api_keys`` holds the keys from the file or ROUTER_API_KEYS; the keys in ``api_keys_file`` are read
     by ``router.config.read_api_keys``. ``cors_origins`` and ``allowed_hosts`` are in canonical form (lower
-    case; origins without a default port), as ``router.browser_guard`` compares them. ``history_db`` is
-    always a concrete path.
+    case; origins without a default port), as ``router.browser_guard`` compares them. ``history_db`` and
+    ``replica_logs`` are always concrete paths.
     """
 
     host: str = _router_default("host")
@@ -194,6 +194,9 @@ class RouterSettings:
     ctx_floor: int = _router_default("ctx_floor")
     ctx_default: int = _router_default("ctx_default")
     log_lines: int = _router_default("log_lines")
+    replica_logs: Path = Path("logs")
+    replica_log_files: int = _router_default("replica_log_files")
+    replica_log_max_mib: int = _router_default("replica_log_max_mib")
 
 
 @attrs.frozen

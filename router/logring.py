@@ -12,9 +12,6 @@ _OUT_OF_MEMORY = re.compile(
 )
 _FAILURE = re.compile(r"failed to|error", re.I)
 
-# Chatter printed for every request or slot step; logged at DEBUG so INFO stays readable.
-_NOISY = re.compile(r"GET /health|log_server_r|update_slots|print_timing|slot +(launch|release|update)", re.I)
-
 
 class LineSplitter:
     """Accumulates raw bytes and yields complete, decoded lines.
@@ -55,10 +52,6 @@ class LineSplitter:
 
 def _decode(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace").rstrip("\r")
-
-
-def is_noisy(line: str) -> bool:
-    return _NOISY.search(line) is not None
 
 
 def telling_lines(lines: Iterable[str], *, most: int = 6, tail: int = 5) -> list[str]:

@@ -15,7 +15,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .config import Config, ConfigError, load_config, resolve_gpus
+from .config import Config, ConfigError, config_dir, resolve_gpus
+from .config_source import ConfigSource
 from .gpu_monitor import GpuMonitor, Ours
 from .launch import ModelDecision, default_decision, gpu_ids
 from .llama_args import cache_types
@@ -38,7 +39,7 @@ def placement_inputs(config: Config, ids: tuple[int, ...]) -> list[PlacementInpu
     """One placement input per model, with every llama-server flag that moves memory read from ``[defaults]``
     and the model's table (``router.placement_flags``). Relative ``mmproj`` and ``model-draft`` paths start
     from the config file's folder, like ``model``."""
-    base_dir = config.path.absolute().parent
+    base_dir = config_dir(config)
     inputs = []
     for name, model in config.models.items():
         k, v = cache_types(model, config.defaults)
@@ -122,17 +123,11 @@ def plan(
     return ids, scheduler_budgets, decisions, plan_document(plans, budgets)
 
 
-def plan_command(path: str | None, *, as_json: bool) -> int:
-    if not path:
-        print("no configuration: pass --config FILE or set ROUTER_CONFIG_PATH", file=sys.stderr)
-        return 2
+def plan_command(source: ConfigSource, *, as_json: bool) -> int:
     try:
-        config = load_config(path)
+        config = source.load()
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"cannot read config {path}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     *_, document = plan(config)
     print(json.dumps(document, indent=2) if as_json else format_plan_table(document))

@@ -1,10 +1,11 @@
 """Reload the configuration (SIGHUP or POST /reload) without disturbing what did not change.
 
 The new file is read and prepared completely first (validation, placement, the scheduler's settings); any
-error leaves the old configuration serving and is returned to the caller. On success, models whose
-replicas no longer match (removed, or started with other flags, context, GPUs or slots) drain — in-flight
-requests finish — and stop; models that did not change keep running and serving. Listening address, port
-and max_body_mib only change with a restart.
+error leaves the old configuration serving and is returned to the caller. A configuration made from a
+models folder scans the folder again: new files become models, removed ones go like removed tables. On
+success, models whose replicas no longer match (removed, or started with other flags, context, GPUs or
+slots) drain — in-flight requests finish — and stop; models that did not change keep running and serving.
+Listening address, port and max_body_mib only change with a restart.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import attrs
 import trio
 
-from .config import ConfigError, load_config
+from .config import Config, ConfigError, load_config
 from .deploy import changed_models, prepare
 from .locate import LlamaServerNotFound
 from .runtime import Router
@@ -31,9 +32,20 @@ class ReloadResult:
 
 
 async def reload_config(router: Router, path: Path | None = None) -> ReloadResult:
-    source = path or router.config.path
+    """Reload from ``path``, else from where the running configuration came from (its file, its models
+    folder, or both: the folder is scanned again)."""
+    if path is None and router.source is not None:
+        source = router.source.describe()
+        read = router.source.load
+    else:
+        file = path or router.config.path
+        source = str(file)
+
+        def read() -> Config:
+            return load_config(file)
+
     try:
-        config = await trio.to_thread.run_sync(load_config, source)
+        config = await trio.to_thread.run_sync(read)
         deployment = await trio.to_thread.run_sync(prepare, config, router.gpus, router.our_pids())
     except (ConfigError, LlamaServerNotFound) as exc:
         log.error("reload refused, the old configuration keeps serving: %s", exc)

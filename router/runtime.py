@@ -47,13 +47,15 @@ from statemachine import (
     step,
 )
 
-from .config import Config
+from .config import Config, config_dir
+from .config_source import ConfigSource
 from .deploy import Deployment
 from .gpu_monitor import GpuMonitor, Ours
 from .launch import ModelLaunch
 from .llama_args import gpu_env
 from .ports import free_port
 from .records import Observation, RequestRecord, record_of
+from .replica_logs import ReplicaLogs
 from .supervisor import (
     LaunchSpec,
     ProcessExited,
@@ -109,15 +111,20 @@ RecordListener = Callable[[RequestRecord], None]
 
 
 class Router:
-    def __init__(self, deployment: Deployment, *, gpus: GpuMonitor | None = None) -> None:
+    def __init__(
+        self, deployment: Deployment, *, gpus: GpuMonitor | None = None, source: ConfigSource | None = None
+    ) -> None:
         self.deployment = deployment
+        self.source = source  # where a reload reads the configuration (None: the config file again)
         self.gpus = gpus or GpuMonitor()
         self.state: State = initial_state(deployment.settings, trio.current_time())
         router = deployment.config.router
         self.load_timeout = router.load_timeout
         self.stop_timeout = router.stop_timeout
-        log_lines = router.log_lines
-        self.supervisor = Supervisor(self._from_supervisor, log_lines=log_lines)
+        files = ReplicaLogs(
+            router.replica_logs, keep=router.replica_log_files, max_bytes=router.replica_log_max_mib << 20
+        )
+        self.supervisor = Supervisor(self._from_supervisor, log_lines=router.log_lines, log_files=files)
         self.tickets: dict[int, Ticket] = {}
         self.ports: dict[int, int] = {}
         self.ready_at: dict[int, float] = {}
@@ -265,6 +272,14 @@ class Router:
                 ticket = self.tickets.get(rid)
                 if ticket is None:
                     return
+                log.info(
+                    "refused request %d for %s: %d %s: %s",
+                    rid,
+                    ticket.target,
+                    command.status,
+                    command.code,
+                    command.message,
+                )
                 ticket.closed = True
                 if ticket.dispatch is None:
                     ticket.reject = command
@@ -319,7 +334,7 @@ class Router:
     def _replica_dir(self) -> str | None:
         """Where replicas start: the config file's directory, so that relative paths in llama-server flags
         (``mmproj``, ``model-draft``, ...) mean what they mean in the config file."""
-        folder = self.config.path.absolute().parent
+        folder = config_dir(self.config)
         return str(folder) if folder.is_dir() else None
 
     def our_pids(self) -> Ours:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import resource
@@ -18,6 +19,7 @@ from hypercorn.trio import serve
 from . import hypercorn_fixes
 from .app import create_app
 from .config import Config
+from .config_source import ConfigSource
 from .dash import register_dash, start_observers
 from .deploy import prepare
 from .gpu_monitor import GpuMonitor
@@ -57,16 +59,21 @@ def connection_budget(config: Config) -> int:
     return max(16, (soft - FILES_RESERVED) // 2)
 
 
-def build_router(config: Config) -> Router:
+def build_router(config: Config, source: ConfigSource | None = None) -> Router:
+    """A router for ``config``; ``source`` is where reloads read the configuration again (None: its file)."""
     monitor = GpuMonitor()
-    return Router(prepare(config, monitor), gpus=monitor)
+    return Router(prepare(config, monitor), gpus=monitor, source=source)
 
 
 async def run_server(
-    config: Config, *, on_ready: Callable[[str], None] | None = None, router: Router | None = None
+    config: Config,
+    *,
+    on_ready: Callable[[str], None] | None = None,
+    router: Router | None = None,
+    source: ConfigSource | None = None,
 ) -> None:
     hypercorn_fixes.apply(config.router.send_timeout, connection_budget(config))
-    router = router or build_router(config)
+    router = router or build_router(config, source)
     try:
         await _serve_router(config, router, on_ready)
     finally:
@@ -131,9 +138,9 @@ async def _serve_router(config: Config, router: Router, on_ready: Callable[[str]
         nursery.cancel_scope.cancel()
 
 
-def main_run(config: Config) -> int:
+def main_run(config: Config, source: ConfigSource | None = None) -> int:
     try:
-        trio.run(run_server, config)
+        trio.run(functools.partial(run_server, config, source=source))
     except KeyboardInterrupt:
         return 130
     return 0

@@ -1,4 +1,4 @@
-"""The JSON documents of /v1/models and /status, built from the router's state."""
+"""The documents of /v1/models, /status and /logs/{replica}, built from the router's state."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from statemachine import State
 
 from .config import Config
 from .runtime import Router
+
+LOG_TAIL_BYTES = 1 << 20  # most of a replica's log file that /logs/{replica} sends
 
 
 def gpu_entry(router: Router, gpu: int) -> dict[str, Any]:
@@ -114,6 +116,8 @@ def status_document(config: Config, router: Router) -> dict[str, Any]:
                 "port": router.ports.get(r.id) or (info.port if info else None),
                 "pid": info.pid if info else None,
                 "started_at": info.started_at if info else None,
+                "log_path": info.log_path if info else None,
+                "log_url": f"/logs/{r.id}",
             }
         )
     gpus = [gpu_entry(router, gpu) for gpu in sorted(state.settings.devices)]
@@ -153,3 +157,20 @@ def status_document(config: Config, router: Router) -> dict[str, Any]:
         "recent": [attrs.asdict(h) for h in reversed(router.happenings)],
         "shutting_down": state.shutting_down,
     }
+
+
+async def replica_log(router: Router, replica: int, lines: int | None) -> tuple[str, str] | None:
+    """The output of a replica (running, or exited a short while ago) and where it came from: the tail of
+    its log file (``"file"``), else the lines kept in memory (``"memory"``); None for an unknown replica.
+    ``lines`` keeps only that many last lines."""
+    if router.supervisor.info(replica) is None:
+        return None
+    file = router.supervisor.log_file(replica)
+    text = None if file is None else await trio.to_thread.run_sync(file.read_tail, LOG_TAIL_BYTES)
+    source = "file"
+    if text is None:
+        text = "".join(line + "\n" for line in router.supervisor.logs(replica))
+        source = "memory"
+    if lines is not None:
+        text = "".join(text.splitlines(keepends=True)[-lines:]) if lines > 0 else ""
+    return text, source

@@ -31,8 +31,9 @@ import attrs
 import httpx
 import trio
 
-from router.logring import LineSplitter, is_noisy, quote_lines
+from router.logring import LineSplitter, quote_lines
 from router.ports import free_port
+from router.replica_logs import ReplicaLogFile, ReplicaLogs
 
 __all__ = [
     "LaunchSpec",
@@ -115,6 +116,7 @@ class ReplicaProcessInfo:
     exited: bool
     returncode: int | None
     stop_reason: str | None
+    log_path: str | None = None  # the replica's log file, when it has one
 
 
 class _Child:
@@ -182,6 +184,7 @@ class _Child:
 class _Replica:
     spec: LaunchSpec
     log: deque[str]
+    file: ReplicaLogFile | None = None
     done: trio.Event = attrs.field(factory=trio.Event)
     stop_requested: trio.Event = attrs.field(factory=trio.Event)
     child: _Child | None = None
@@ -209,6 +212,7 @@ class _Replica:
             exited=self.finished,
             returncode=self.returncode,
             stop_reason=self.stop_reason,
+            log_path=str(self.file.path) if self.file is not None else None,
         )
 
 
@@ -222,9 +226,11 @@ class Supervisor:
         log_lines: int = 400,
         logger: logging.Logger | None = None,
         keep_exited: int = 64,
+        log_files: ReplicaLogs | None = None,
     ) -> None:
         self._report = report
         self._log_lines = log_lines
+        self._log_files = log_files
         self._log = logger if logger is not None else logging.getLogger("router.replica")
         self._keep_exited = keep_exited
         self._live: dict[int, _Replica] = {}
@@ -277,6 +283,12 @@ class Supervisor:
             raise ValueError("LaunchSpec.argv is empty")
         self._exited.pop(spec.replica_id, None)
         rep = _Replica(spec=spec, log=deque(maxlen=self._log_lines))
+        if self._log_files is not None:
+            rep.file = self._log_files.open(
+                spec.model,
+                spec.replica_id,
+                f"replica {spec.replica_id} of {spec.model}: {' '.join(spec.argv)}",
+            )
         self._live[spec.replica_id] = rep
         self._nursery.start_soon(self._run_replica, rep, name=f"replica {rep.label}")
 
@@ -297,6 +309,11 @@ class Supervisor:
         """The last ``log_lines`` output lines of a replica (kept for a while after it exits)."""
         rep = self._find(replica_id)
         return list(rep.log) if rep is not None else []
+
+    def log_file(self, replica_id: int) -> ReplicaLogFile | None:
+        """The log file of a replica (kept for a while after it exits), if it has one."""
+        rep = self._find(replica_id)
+        return rep.file if rep is not None else None
 
     def info(self, replica_id: int) -> ReplicaProcessInfo | None:
         rep = self._find(replica_id)
@@ -336,6 +353,8 @@ class Supervisor:
         rep.child = child
         rep.started_at = time.time()
         rep.started_clock = trio.current_time()
+        if rep.file is not None:
+            rep.file.note(f"started pid {child.pid} on port {spec.port}")
         self._log.info(
             "[%s] started pid %d on port %d: %s", rep.label, child.pid, spec.port, " ".join(spec.argv)
         )
@@ -410,8 +429,11 @@ class Supervisor:
             drained.set()
 
     def _take_line(self, rep: _Replica, line: str) -> None:
+        """One output line: into the ring buffer, the replica's file and the router's DEBUG log."""
         rep.log.append(line)
-        self._log.log(logging.DEBUG if is_noisy(line) else logging.INFO, "[%s] %s", rep.label, line)
+        if rep.file is not None:
+            rep.file.write(line)
+        self._log.debug("[%s] %s", rep.label, line)
 
     async def _probe_health(self, rep: _Replica) -> None:
         spec = rep.spec
@@ -487,6 +509,10 @@ class Supervisor:
 
     def _finish(self, rep: _Replica, returncode: int | None, reason: str) -> None:
         rep.returncode = returncode
+        if rep.file is not None:
+            rep.file.note(f"exited ({_describe_returncode(returncode)}): {reason}")
+            if self._log_files is not None:
+                self._log_files.closed(rep.file)
         if rep.stop_reason is not None:
             self._log.info("[%s] exited (%s): %s", rep.label, _describe_returncode(returncode), reason)
         else:

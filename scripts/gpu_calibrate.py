@@ -115,33 +115,26 @@ SMALL_SUBJECTS = (
 # ------------------------------------------------------------------------------------------ parsing
 
 
-def parse_buffers(log: str, label: str) -> dict[str, dict[str, float]]:
-    """MiB per buffer device and kind that replica ``label`` (``model#id``) logged, from the router's log.
+def parse_buffers(log: str) -> dict[str, dict[str, float]]:
+    """MiB per buffer device and kind in one replica's log (``GET /logs/{replica}``, its log file).
 
-    The router logs each replica line as ``... [model#id] <llama-server line>``; several lines of one
-    device and kind (one KV buffer per layer group, say) are summed.
+    Several lines of one device and kind (one KV buffer per layer group, say) are summed.
     """
-    marker = f"[{label}] "
     sizes: dict[str, dict[str, float]] = {}
     for line in log.splitlines():
-        at = line.find(marker)
-        if at < 0:
-            continue
-        for device, kind, mib in BUFFER_RE.findall(line[at + len(marker) :]):
+        for device, kind, mib in BUFFER_RE.findall(line):
             kinds = sizes.setdefault(device, {})
             kinds[kind] = round(kinds.get(kind, 0.0) + float(mib), 2)
     return sizes
 
 
-def context_lines(log: str, label: str) -> list[str]:
-    """The ``n_ctx`` / ``n_ctx_seq`` lines replica ``label`` logged (what llama.cpp really allocated)."""
-    marker = f"[{label}] "
-    found = []
-    for line in log.splitlines():
-        at = line.find(marker)
-        if at >= 0 and "llama_context" in line and CONTEXT_RE.search(line):
-            found.append(" ".join(line[at + len(marker) :].split()))
-    return found
+def context_lines(log: str) -> list[str]:
+    """The ``n_ctx`` / ``n_ctx_seq`` lines in one replica's log (what llama.cpp really allocated)."""
+    return [
+        " ".join(line.split())
+        for line in log.splitlines()
+        if "llama_context" in line and CONTEXT_RE.search(line)
+    ]
 
 
 def device_sums(buffers: Mapping[str, Mapping[str, float]], dry_run: bool) -> dict[str, float] | None:
@@ -411,6 +404,13 @@ def _get(client: httpx.Client, path: str) -> Any:
     return response.json()
 
 
+def _replica_log(client: httpx.Client, replica: int) -> str:
+    """Everything replica ``replica`` printed so far: its log file, through the router."""
+    response = client.get(f"/logs/{replica}")
+    response.raise_for_status()
+    return response.text
+
+
 def _chat(client: httpx.Client, model: str) -> float:
     started = time.monotonic()
     body = {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
@@ -458,7 +458,7 @@ def reload_check(
     replicas as another process's memory would shrink an automatic context here.
     """
     ctx_before, pids_before = _contexts(client), _pids(status)
-    response = client.post("/reload", timeout=60.0)
+    response = client.post("/reload", json={}, timeout=60.0)
     is_json = response.headers.get("content-type", "").startswith("application/json")
     reply = response.json() if is_json else {"text": response.text[:2000]}
     status_after = _settle(client, RELOAD_SETTLE_TIMEOUT)
@@ -505,7 +505,6 @@ def calibrate(args: argparse.Namespace, binary: Path, subjects: Sequence[Subject
     }
     tables = {s.name: {"model": str(files[s.name]), "gpus": [0], **s.table} for s in subjects}
     threads = max(1, min(8, os.cpu_count() or 1))
-    os.environ["ROUTER_LOG_LEVEL"] = "INFO"  # the replicas' buffer lines are logged at INFO
     with (
         work_directory(args.keep) as work,
         router_process(
@@ -532,21 +531,20 @@ def calibrate(args: argparse.Namespace, binary: Path, subjects: Sequence[Subject
         smi["gpus_loaded"] = None if dry_run else query_gpus()
         apps = {} if dry_run else query_compute_apps()
         smi["compute_apps"] = {str(pid): mib for pid, mib in apps.items()}
-        log = service.log_path.read_text(errors="replace")
         by_name = {m["name"]: m for m in plan["models"]}
         deltas = {load["model"]: load["gpu_used_delta_mib"] for load in loads}
         rows = []
         for replica in status["replicas"]:
-            label = f"{replica['model']}#{replica['id']}"
+            log = _replica_log(client, replica["id"])
             row = compare_replica(
                 by_name[replica["model"]],
                 replica,
-                parse_buffers(log, label),
+                parse_buffers(log),
                 dry_run=dry_run,
                 process_mib=apps.get(replica["pid"]),
                 gpu_delta_mib=deltas.get(replica["model"]),
             )
-            row["logged_context"] = context_lines(log, label)
+            row["logged_context"] = context_lines(log)
             rows.append(row)
         document["replicas"] = rows
 
@@ -675,7 +673,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="where the generated models are kept between runs (default: %(default)s)",
     )
     parser.add_argument("--output", type=Path, default=OUTPUT, help="JSON result (default: %(default)s)")
-    parser.add_argument("--keep", action="store_true", help="keep the work directory (config, router log)")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the work directory (config, router and replica logs)"
+    )
     return parser
 
 

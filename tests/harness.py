@@ -29,6 +29,7 @@ import httpx
 import trio
 
 from router.config import Config, config_from_dict
+from router.config_source import ConfigSource
 from router.runtime import Router
 from router.server import build_router, run_server
 from statemachine import State
@@ -76,6 +77,7 @@ def config_document(
         "load_timeout": 20.0,
         "stop_timeout": 3.0,
         "shutdown_grace": 10.0,
+        "replica_logs": str(dir / "replica-logs"),
         **(router or {}),
     }
     doc: dict[str, Any] = {"router": router_table, "models": tables}
@@ -86,6 +88,14 @@ def config_document(
     if pools:
         doc["pools"] = dict(pools)
     return doc
+
+
+def with_replica_logs(dir: Path, doc: Mapping[str, Any]) -> dict[str, Any]:
+    """``doc`` with ``router.replica_logs`` under ``dir`` when it names none (tests never write to the
+    user's state directory)."""
+    router = dict(doc.get("router") or {})
+    router.setdefault("replica_logs", str(dir / "replica-logs"))
+    return {**doc, "router": router}
 
 
 def write_config(dir: Path, doc: Mapping[str, Any]) -> Path:
@@ -160,10 +170,22 @@ async def running_router(
 async def serving(
     dir: Path, doc: Mapping[str, Any], *, client_timeout: float = 30.0
 ) -> AsyncIterator[RouterHandle]:
-    """Write the configuration document ``doc``, start the router on it in this Trio run, stop it after."""
+    """Write the configuration document ``doc``, start the router on it in this Trio run, stop it after.
+
+    Replica log files go to ``dir/replica-logs`` unless ``doc`` names a directory."""
+    doc = with_replica_logs(dir, doc)
     write_config(dir, doc)
     config = config_from_dict(doc, dir / "router.json")
-    the_router = build_router(config)
+    async with serving_config(dir, config, client_timeout=client_timeout) as handle:
+        yield handle
+
+
+@contextlib.asynccontextmanager
+async def serving_config(
+    dir: Path, config: Config, *, source: ConfigSource | None = None, client_timeout: float = 30.0
+) -> AsyncIterator[RouterHandle]:
+    """Start the router on ``config`` in this Trio run (reloads read ``source``, else the config file)."""
+    the_router = build_router(config, source)
     url = f"http://{config.router.host}:{config.router.port}"
     refusals = _RefusalWatch()
     logging.getLogger("router").addHandler(refusals)

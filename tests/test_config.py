@@ -119,6 +119,9 @@ BAD_VALUES = [
     ("router.gpu_reserve_mib", -1, "-1", "an integer >= 0"),
     ("router.ctx_floor", 0, "0", "an integer >= 1"),
     ("router.log_lines", 0, "0", "an integer >= 1"),
+    ("router.replica_logs", "", '""', "non-empty path"),
+    ("router.replica_log_files", 0, "0", "an integer >= 1"),
+    ("router.replica_log_max_mib", 0.5, "0.5", "an integer >= 1"),
     ("router.default_pool", "nope", '"nope"', "must name a pool or pool alias; pools: chat"),
     ("router", "x", '"x"', "must be a table"),
     ("devices.0.memory_mib", 0, "0", "an integer >= 1"),
@@ -445,7 +448,9 @@ def test_values_and_defaults() -> None:
     )
     assert qwen.gpus == (0,) and qwen.ctx is None and qwen.gpu_layers is None and qwen.ttl is None
     assert config.router == RouterSettings(
-        num_gpus=2, history_db=Path("/home/u/.local/state/llama-router/history.db")
+        num_gpus=2,
+        history_db=Path("/home/u/.local/state/llama-router/history.db"),
+        replica_logs=Path("/home/u/.local/state/llama-router/logs"),
     )
     assert config.pools["chat"].members == ("qwen", "small")
     assert config.defaults == {}
@@ -454,7 +459,7 @@ def test_values_and_defaults() -> None:
 def test_router_defaults_equal_the_schema() -> None:
     settings = RouterSettings()
     for spec in ROUTER_KEYS:
-        if spec.name == "history_db":
+        if spec.name in ("history_db", "replica_logs"):  # computed from the environment
             continue
         assert getattr(settings, spec.name) == spec.default, spec.name
 

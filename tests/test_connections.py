@@ -85,7 +85,8 @@ async def test_connections_past_the_budget_get_503_at_once_and_slow_clients_cann
         port = h.config.router.port
         slow = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(6)]
         for conn in slow:
-            await conn.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished
+            # A request line and one header, never finished.
+            await conn.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         await trio.sleep(0.2)
         data, took = await exchange(h, "GET /v1/models HTTP/1.1\nHost: 127.0.0.1\n", within=5)
         head, body = data.split(b"\r\n\r\n", 1)

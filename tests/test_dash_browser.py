@@ -98,6 +98,7 @@ async def gguf_router(
             "port": free_port(),
             "llama_server": str(sim_launcher(dir)),
             "history_db": str(dir / "history.db"),
+            "replica_logs": str(dir / "replica-logs"),
             "load_timeout": 20.0,
             "stop_timeout": 3.0,
             **(router or {}),
@@ -235,6 +236,9 @@ async def test_dashboard_shows_timeline_residency_and_history(tmp_path: Path) ->
     }
     assert ("phi-mini", "ready") in now and ("qwen-14b", "ready") in now
     assert len([m for m, _ in now if m in ("llama-8b", "mistral-7b", "phi-mini")]) == 2
+    # Each replica's chip and table row link to its llama-server log.
+    links = [e["href"] for e in elements(dom, "a", class_="log")]
+    assert len(links) >= 4 and all(link.startswith("/logs/") for link in links)
     # Loads, the eviction and the failed load.
     kinds = {e["data-kind"] for e in elements(dom, "li", class_="event")}
     assert {"load", "ready", "stop", "load_failed"} <= kinds

@@ -30,25 +30,25 @@ def _load() -> ModuleType:
 
 gc = _load()
 
-# What the router logs while a CUDA replica of qwen-shape loads (another replica's lines interleaved).
-ROUTER_LOG = """\
-2026-01-01 10:00:00,100 INFO router.replica: [qwen-shape#1] 0.00.600.100 I load_tensors: offloaded 25/25 layers to GPU
-2026-01-01 10:00:00,101 INFO router.replica: [qwen-shape#1] 0.00.600.200 I load_tensors:   CPU_Mapped model buffer size =   259.69 MiB
-2026-01-01 10:00:00,102 INFO router.replica: [qwen-shape#1] 0.00.600.300 I load_tensors:        CUDA0 model buffer size =   682.64 MiB
-2026-01-01 10:00:00,103 INFO router.replica: [llama-shape#2] 0.00.600.300 I load_tensors:        CUDA0 model buffer size =  1252.40 MiB
-2026-01-01 10:00:00,104 INFO router.replica: [qwen-shape#1] 0.00.610.000 I llama_context: n_ctx                 = 32768
-2026-01-01 10:00:00,105 INFO router.replica: [qwen-shape#1] 0.00.610.001 I llama_context: n_ctx_seq             = 16384
-2026-01-01 10:00:00,106 INFO router.replica: [qwen-shape#1] 0.00.610.100 I llama_context:  CUDA_Host  output buffer size =     1.16 MiB
-2026-01-01 10:00:00,107 INFO router.replica: [qwen-shape#1] 0.00.610.200 I llama_kv_cache:      CUDA0 KV buffer size =   256.00 MiB
-2026-01-01 10:00:00,108 INFO router.replica: [qwen-shape#1] 0.00.610.300 I llama_kv_cache:      CUDA0 KV buffer size =   128.00 MiB
-2026-01-01 10:00:00,109 INFO router.replica: [qwen-shape#1] 0.00.650.000 I sched_reserve:      CUDA0 compute buffer size =   298.50 MiB
-2026-01-01 10:00:00,110 INFO router.replica: [qwen-shape#1] 0.00.650.100 I sched_reserve:  CUDA_Host compute buffer size =    65.76 MiB
-2026-01-01 10:00:00,111 INFO router.replica: [qwen-shape#10] 0.00.650.100 I sched_reserve:      CUDA0 compute buffer size =   999.00 MiB
-"""  # noqa: E501
+# A CUDA replica's log file (GET /logs/{replica}) while qwen-shape loads.
+REPLICA_LOG = """\
+--- 2026-01-01 10:00:00 replica 1 of qwen-shape: llama-server -m qwen-shape.gguf --port 40001
+--- 2026-01-01 10:00:00 started pid 4242 on port 40001
+0.00.600.100 I load_tensors: offloaded 25/25 layers to GPU
+0.00.600.200 I load_tensors:   CPU_Mapped model buffer size =   259.69 MiB
+0.00.600.300 I load_tensors:        CUDA0 model buffer size =   682.64 MiB
+0.00.610.000 I llama_context: n_ctx                 = 32768
+0.00.610.001 I llama_context: n_ctx_seq             = 16384
+0.00.610.100 I llama_context:  CUDA_Host  output buffer size =     1.16 MiB
+0.00.610.200 I llama_kv_cache:      CUDA0 KV buffer size =   256.00 MiB
+0.00.610.300 I llama_kv_cache:      CUDA0 KV buffer size =   128.00 MiB
+0.00.650.000 I sched_reserve:      CUDA0 compute buffer size =   298.50 MiB
+0.00.650.100 I sched_reserve:  CUDA_Host compute buffer size =    65.76 MiB
+"""
 
 
-def test_parse_buffers_keeps_one_replica_and_sums_per_device_and_kind() -> None:
-    buffers = gc.parse_buffers(ROUTER_LOG, "qwen-shape#1")
+def test_parse_buffers_sums_per_device_and_kind() -> None:
+    buffers = gc.parse_buffers(REPLICA_LOG)
     assert buffers == {
         "CPU_Mapped": {"model": 259.69},
         "CUDA0": {"model": 682.64, "KV": 384.0, "compute": 298.5},
@@ -57,11 +57,11 @@ def test_parse_buffers_keeps_one_replica_and_sums_per_device_and_kind() -> None:
     assert gc.device_sums(buffers, dry_run=False) == {"model": 682.64, "KV": 384.0, "compute": 298.5}
     assert gc.device_sums(buffers, dry_run=True) == {"model": 259.69}
     assert gc.host_weights(buffers) == 259.69
-    assert gc.context_lines(ROUTER_LOG, "qwen-shape#1") == [
+    assert gc.context_lines(REPLICA_LOG) == [
         "0.00.610.000 I llama_context: n_ctx = 32768",
         "0.00.610.001 I llama_context: n_ctx_seq = 16384",
     ]
-    assert gc.parse_buffers(ROUTER_LOG, "nothing#3") == {}
+    assert gc.parse_buffers("--- 2026-01-01 10:00:00 replica 3 of other\n") == {}
 
 
 def test_parse_nvidia_smi() -> None:
@@ -105,7 +105,7 @@ def _plan_model() -> dict[str, object]:
 
 
 def test_compare_replica_on_a_gpu() -> None:
-    buffers = gc.parse_buffers(ROUTER_LOG, "qwen-shape#1")
+    buffers = gc.parse_buffers(REPLICA_LOG)
     row = gc.compare_replica(
         _plan_model(), {"id": 1, "pid": 4242}, buffers, dry_run=False, process_mib=1718, gpu_delta_mib=1722
     )
@@ -139,7 +139,7 @@ def test_compare_replica_on_a_gpu() -> None:
 
 
 def test_checks_of_a_gpu_run() -> None:
-    buffers = gc.parse_buffers(ROUTER_LOG, "qwen-shape#1")
+    buffers = gc.parse_buffers(REPLICA_LOG)
     row = gc.compare_replica(
         _plan_model(), {"id": 1, "pid": 4242}, buffers, dry_run=False, process_mib=1718, gpu_delta_mib=None
     )
@@ -180,7 +180,7 @@ def test_cpu_dry_run_end_to_end(tmp_path: Path) -> None:
     assert set(rows) == {"qwen-shape", "llama-shape"}
     for row in rows.values():
         assert row["logged_mib"]["kv"] == pytest.approx(row["predicted_mib"]["kv"], rel=0.02)
-        assert row["logged_context"], "llama-server's n_ctx lines are missing from the router log"
+        assert row["logged_context"], "llama-server's n_ctx lines are missing from the replica's log"
         assert row["nvidia_smi_process_mib"] is None
     assert rows["llama-shape"]["ctx"] == 4096  # the operator's ctx
     assert rows["qwen-shape"]["parallel"] == 2

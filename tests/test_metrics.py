@@ -203,6 +203,7 @@ async def test_measured_gpu_readings_reach_the_timeline_and_the_metrics(tmp_path
             "llama_server": str(sim_launcher(tmp_path)),
             "num_gpus": 2,
             "history_db": str(tmp_path / "h"),
+            "replica_logs": str(tmp_path / "logs"),
         },
         "devices": {"1": {"memory_mib": 1024}},
         "models": {"m": {"model": str(model), "gpus": [1]}},

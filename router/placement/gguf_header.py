@@ -41,6 +41,7 @@ __all__ = [
     "TensorInfo",
     "ggml_type_name",
     "ggml_type_size",
+    "read_file_header",
     "read_header",
     "shard_paths",
 ]
@@ -435,6 +436,11 @@ def shard_paths(path: Path, count: int) -> tuple[Path, ...]:
         )
     stem = m.group("stem")
     return tuple(path.with_name(f"{stem}-{i:05d}-of-{count:05d}.gguf") for i in range(1, count + 1))
+
+
+def read_file_header(path: str | os.PathLike[str], *, max_array: int = MAX_ARRAY_DEFAULT) -> GGUFHeader:
+    """The header of this one file, without following ``split.count`` to the other shards."""
+    return _read_one(Path(path), 0, max_array)
 
 
 def read_header(path: str | os.PathLike[str], *, max_array: int = MAX_ARRAY_DEFAULT) -> GGUFHeader:

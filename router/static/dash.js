@@ -135,6 +135,23 @@
     return response.json();
   }
 
+  // A replica's llama-server log (/logs/{id}) in a new tab; with an API key the text is fetched with it.
+  function logLink(r, text) {
+    return h("a", { class: "log", href: r.log_url, target: "_blank", rel: "noopener",
+      title: `llama-server log of replica ${r.id}`, text, onclick: openLog });
+  }
+
+  async function openLog(event) {
+    if (!apiKey) return;
+    event.preventDefault();
+    const href = event.currentTarget.href;
+    const tab = window.open("", "_blank");
+    const response = await fetch(href, { headers: { Authorization: "Bearer " + apiKey }, cache: "no-store" });
+    const url = URL.createObjectURL(new Blob([await response.text()], { type: "text/plain;charset=utf-8" }));
+    if (tab) tab.location = url;
+    else window.location = url;
+  }
+
   $("key-form").addEventListener("submit", (event) => {
     event.preventDefault();
     apiKey = $("key-input").value.trim();
@@ -368,7 +385,7 @@
         if (r.state === "loading" && r.started_at) state += " " + fmtAge(serverNow() - r.started_at);
         if (r.state === "ready") state += ` ${r.in_flight}/${r.slots}`;
         return h("span", { class: "chip", "data-model": r.model, "data-state": r.state, title: `replica ${r.id}` },
-          swatch(r.model), h("span", { text: r.model }), h("span", { class: "state", text: state }));
+          swatch(r.model), h("span", { text: r.model }), h("span", { class: "state", text: state }), logLink(r, "log"));
       });
       const chart = h("div", { class: "chart" });
       const card = h("article", { class: "gpu", "data-gpu": gpu.id },
@@ -456,7 +473,7 @@
     const now = serverNow();
     const rows = st.replicas.map((r) =>
       h("tr", { class: "replica-row", "data-state": r.state },
-        h("td", { class: "mono", text: "#" + r.id }),
+        h("td", { class: "mono" }, logLink(r, "#" + r.id)),
         h("td", {}, h("span", { class: "chip" }, swatch(r.model), r.model)),
         h("td", {}, h("span", { class: "badge st-" + r.state, text: r.state })),
         h("td", { text: r.gpus.length ? r.gpus.join(", ") : "cpu" }),
