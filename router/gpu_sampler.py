@@ -171,7 +171,10 @@ class GpuSampler:
         task_status.started()
         try:
             while True:
-                await self.sample()
+                try:
+                    await self.sample()
+                except Exception:  # a sample lost is no reason to stop the router
+                    log.exception("GPU sampler: taking a sample failed; carrying on")
                 await trio.sleep(self.interval)
         finally:
             if self._nvml is not None:
