@@ -16,6 +16,7 @@ from .config import Config, resolve_name
 from .errors import error_response, unknown_model
 from .proxy import SAFE_SEGMENT, Proxy
 from .reload import reload_config
+from .request_body import BodyError, FieldTypes, check_fields, parse_object
 from .runtime import Router
 from .status import models_document, status_document
 from .tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
@@ -49,6 +50,8 @@ TOKEN_COUNTING = (
     "/detokenize",
     "/v1/chat/completions/input_tokens",
 )
+
+UNLOAD_FIELDS: FieldTypes = {"model": ((str,), "a string"), "force": ((bool,), "a boolean")}
 
 
 def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> QuartTrio:
@@ -112,11 +115,10 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
     async def forward(path: str) -> Response:
         raw = await request.get_data(cache=False)
         try:
-            body = json.loads(raw or b"null")
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return error_response(400, "invalid_json", f"the request body is not valid JSON: {exc}")
-        if not isinstance(body, dict):
-            return error_response(400, "invalid_json", "the request body must be a JSON object")
+            body = parse_object(raw)
+            check_fields(body)
+        except BodyError as exc:
+            return error_response(400, exc.code, str(exc))
         target, problem = resolve(body.get("model"), path)
         if problem is not None:
             return problem
@@ -200,16 +202,15 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
     async def unload() -> Response:
         raw = await request.get_data(cache=False)
         try:
-            body = json.loads(raw) if raw.strip() else {}
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return error_response(400, "invalid_json", f"the request body is not valid JSON: {exc}")
-        if not isinstance(body, dict):
-            return error_response(400, "invalid_json", "the request body must be a JSON object")
+            body = parse_object(raw, empty_ok=True)
+            check_fields(body, UNLOAD_FIELDS)
+        except BodyError as exc:
+            return error_response(400, exc.code, str(exc))
         name = body.get("model")
         force = body.get("force") is True
         model = None
         if name is not None:
-            model = resolve_name(router.config, str(name))
+            model = resolve_name(router.config, name)
             if model is None or model not in router.config.models:
                 return unknown_model(name, router.config.models)
         router.unload(model, force)

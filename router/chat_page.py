@@ -19,7 +19,6 @@ router requires an API key, a browser cannot send one for the page itself.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Mapping
 
 import httpx
@@ -30,6 +29,7 @@ from quart_trio import QuartTrio
 from .config import Config, resolve_name
 from .errors import error_response, unknown_model
 from .proxy import HOP_BY_HOP, SAFE_SEGMENT, Proxy
+from .request_body import BodyError, parse_json
 from .runtime import Router
 
 _HOP = HOP_BY_HOP | {"cookie"}
@@ -92,15 +92,18 @@ def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.
             if port is not None:
                 return await pass_get(port, rest)
         raw = await request.get_data(cache=False)
+        stream = False
+        if request.method == "POST":
+            try:
+                doc = parse_json(raw)
+            except BodyError:  # not JSON, or not within the router's limits: the replica judges it
+                doc = None
+            stream = isinstance(doc, dict) and doc.get("stream") is True
         ticket = router.admit(
             model, asked=name, endpoint="/chat", client=request.remote_addr or "", tokens=None
         )
         g.ticket = ticket
         if request.method == "POST":
-            try:
-                stream = json.loads(raw or b"null").get("stream") is True
-            except (AttributeError, UnicodeDecodeError, ValueError):
-                stream = False
             return await proxy.respond(
                 ticket,
                 method="POST",

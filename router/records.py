@@ -9,8 +9,8 @@ Statuses: the HTTP status the client got, except that a request rejected after i
 replica records 502, and a client that went away before the reply ended records 499.
 
 Every text field of a record is made valid Unicode as the record is built (``valid_text``): records feed
-SQLite and the metrics, whose encoders refuse lone surrogates, and JSON from a client or a replica can spell
-one (``"\\ud800"``).
+SQLite and the metrics, whose encoders refuse lone surrogates. Client bodies holding one are refused where
+they are parsed (``router.request_body``), but a replica's reply can still spell one in an error message.
 """
 
 from __future__ import annotations
