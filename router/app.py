@@ -17,6 +17,7 @@ from .errors import error_response, unknown_model
 from .proxy import SAFE_SEGMENT, Proxy
 from .reload import reload_config
 from .request_body import BodyError, FieldTypes, check_fields, parse_object
+from .request_headers import bad_header, headers_too_large
 from .runtime import Router
 from .status import models_document, status_document
 from .tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
@@ -60,6 +61,14 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 120
     proxy = Proxy(router, client)
+
+    @app.before_request
+    async def check_headers() -> Response | None:
+        too_large = headers_too_large(request.headers.items())
+        if too_large is not None:
+            return error_response(431, "headers_too_large", too_large, {"Connection": "close"})
+        problem = bad_header(request.headers.items())
+        return None if problem is None else error_response(400, "invalid_header", problem)
 
     @app.before_request
     async def check_key() -> Response | None:

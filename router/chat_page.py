@@ -30,6 +30,7 @@ from .config import Config, resolve_name
 from .errors import error_response, unknown_model
 from .proxy import HOP_BY_HOP, SAFE_SEGMENT, Proxy
 from .request_body import BodyError, parse_json
+from .request_headers import as_sent
 from .runtime import Router
 
 _HOP = HOP_BY_HOP | {"cookie"}
@@ -64,7 +65,7 @@ def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.
         url = f"http://127.0.0.1:{port}/{rest}"
         if request.query_string:
             url += "?" + request.query_string.decode("latin-1")
-        outgoing = client.build_request("GET", url, headers=_pass_headers(request.headers))
+        outgoing = client.build_request("GET", url, headers=as_sent(_pass_headers(request.headers).items()))
         try:
             upstream = await client.send(outgoing, stream=True)
         except httpx.HTTPError as exc:

@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 
 import httpx
 import trio
 from quart import Response
+from werkzeug.datastructures import Headers
 
 from .errors import error_response, sse_error
+from .request_headers import as_sent
 from .runtime import Router, Ticket
 
 KEEPALIVE_AFTER = 1.0
@@ -49,8 +51,8 @@ _DROP = HOP_BY_HOP | {"accept-encoding"}
 SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9._~:@!$&'()*+,;=-]+$")
 
 
-def upstream_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() not in _DROP}
+def upstream_headers(headers: Headers) -> list[tuple[bytes, bytes]]:
+    return as_sent((k, v) for k, v in headers.items() if k.lower() not in _DROP)
 
 
 def reply_headers(headers: httpx.Headers, model: str | None) -> dict[str, str]:
@@ -91,7 +93,7 @@ class Proxy:
         path: str,
         query: bytes,
         body: bytes,
-        headers: Mapping[str, str],
+        headers: Headers,
         stream: bool,
     ) -> Response:
         ticket.observed.stream = stream
@@ -117,7 +119,7 @@ class Proxy:
         )
 
     async def _open(
-        self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Mapping[str, str]
+        self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Headers
     ) -> httpx.Response | Response:
         pooled = ticket.target in self.router.state.settings.pools
         if pooled and ticket.model is not None and ticket.model != ticket.target:
@@ -186,7 +188,7 @@ class Proxy:
         return f"the replica of '{ticket.model}' broke off the reply: {exc!r}"
 
     async def _wait_then_relay(
-        self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Mapping[str, str]
+        self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Headers
     ) -> AsyncIterator[bytes]:
         try:
             while not ticket.decided.is_set():

@@ -17,6 +17,7 @@ from .config import Config
 from .dash import register_dash, start_observers
 from .deploy import prepare
 from .reload import reload_config
+from .request_headers import HEADERS_LIMIT
 from .runtime import Router
 
 log = logging.getLogger("router")
@@ -31,7 +32,7 @@ def hypercorn_config(config: Config) -> HypercornConfig:
     # only has to flush the last bytes. Idle keep-alive connections are not closed by hypercorn when it
     # stops (its idle watcher is not re-armed after a response), so a long grace delays every exit.
     hc.graceful_timeout = 1.0
-    hc.h11_max_incomplete_size = 64 * 1024
+    hc.h11_max_incomplete_size = HEADERS_LIMIT
     hc.read_timeout = 300
     return hc
 
