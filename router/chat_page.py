@@ -28,7 +28,7 @@ from quart_trio import QuartTrio
 
 from .config import Config, resolve_name
 from .errors import error_response, unknown_model
-from .proxy import HOP_BY_HOP, SAFE_SEGMENT, Proxy
+from .proxy import HOP_BY_HOP, SAFE_SEGMENT, Proxy, read_replica_error
 from .request_body import BodyError, parse_json
 from .request_headers import as_sent
 from .runtime import Router
@@ -61,7 +61,7 @@ def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.
     def unknown(name: str) -> Response:
         return unknown_model(name, router.config.models)
 
-    async def pass_get(port: int, rest: str) -> Response:
+    async def pass_get(port: int, rest: str, model: str) -> Response:
         url = f"http://127.0.0.1:{port}/{rest}"
         if request.query_string:
             url += "?" + request.query_string.decode("latin-1")
@@ -70,6 +70,9 @@ def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.
             upstream = await client.send(outgoing, stream=True)
         except httpx.HTTPError as exc:
             return error_response(502, "upstream_unreachable", f"the replica did not answer: {exc!r}")
+        if upstream.status_code >= 400:
+            error = await read_replica_error(model, upstream)
+            return Response(error.body, status=error.status, content_type="application/json")
         return Response(
             _relay(upstream), status=upstream.status_code, headers=_pass_headers(upstream.headers)
         )
@@ -91,7 +94,7 @@ def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.
         if request.method == "GET":
             port = router.ready_port([model])
             if port is not None:
-                return await pass_get(port, rest)
+                return await pass_get(port, rest, model)
         raw = await request.get_data(cache=False)
         stream = False
         if request.method == "POST":
@@ -124,4 +127,4 @@ def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.
             reject = ticket.reject
             return error_response(reject.status, reject.code, reject.message)
         assert ticket.port is not None
-        return await pass_get(ticket.port, rest)
+        return await pass_get(ticket.port, rest, model)

@@ -21,7 +21,8 @@ _TYPES = {
 
 
 def error_body(status: int, code: str, message: str) -> dict[str, dict[str, str]]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "code": code}}
+    kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "code": code}}
 
 
 def error_response(
