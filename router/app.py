@@ -13,7 +13,7 @@ from werkzeug.exceptions import HTTPException
 
 from .access import OPEN_PATHS, key_accepted, presented_key
 from .config import Config, resolve_name
-from .errors import error_response, unknown_model
+from .errors import error_response, internal_error, unknown_model
 from .proxy import SAFE_SEGMENT, Proxy
 from .reload import reload_config
 from .request_body import BodyError, FieldTypes, check_fields, parse_object
@@ -80,9 +80,16 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
         message = "a valid API key is required: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
         return error_response(401, "invalid_api_key", message, {"WWW-Authenticate": "Bearer"})
 
+    @app.errorhandler(Exception)
+    async def unexpected_error(exc: Exception) -> Response:
+        return internal_error(exc, request.method, request.path)
+
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
+        original = getattr(exc, "original_exception", None)
+        if status == 500 and isinstance(original, BaseException):
+            return internal_error(original, request.method, request.path)
         if status == 413:
             limit = config.router.max_body_mib  # fixed at startup
             message = f"request body is larger than max_body_mib = {limit} MiB; send less or raise the limit"
