@@ -16,7 +16,7 @@ from .config import Config, resolve_name
 from .errors import error_response, internal_error, unknown_model
 from .proxy import SAFE_SEGMENT, Proxy
 from .reload import reload_config
-from .request_body import BodyError, FieldTypes, check_fields, parse_object
+from .request_body import BodyError, FieldTypes, body_left_unread, check_fields, parse_object, read_body
 from .request_headers import bad_header, headers_too_large
 from .runtime import Router
 from .status import models_document, status_document
@@ -80,6 +80,12 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
         message = "a valid API key is required: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
         return error_response(401, "invalid_api_key", message, {"WWW-Authenticate": "Bearer"})
 
+    @app.after_request
+    async def close_after_unread_body(response: Response) -> Response:
+        if body_left_unread():
+            response.headers["Connection"] = "close"
+        return response
+
     @app.errorhandler(Exception)
     async def unexpected_error(exc: Exception) -> Response:
         return internal_error(exc, request.method, request.path)
@@ -129,7 +135,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
         return upper if exact is None else exact + output
 
     async def forward(path: str) -> Response:
-        raw = await request.get_data(cache=False)
+        raw = await read_body()
         try:
             body = parse_object(raw)
             check_fields(body)
@@ -191,7 +197,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
         segments = rest.split("/")
         if any(s in ("", ".", "..") or not SAFE_SEGMENT.match(s) for s in segments):
             return error_response(400, "invalid_path", f"'{rest}' is not a plain path below the model")
-        raw = await request.get_data(cache=False)
+        raw = await read_body()
         ticket = router.admit(
             target, asked=model, endpoint="/upstream", client=request.remote_addr or "", tokens=None
         )
@@ -216,7 +222,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
 
     @app.route("/unload", methods=["POST"])
     async def unload() -> Response:
-        raw = await request.get_data(cache=False)
+        raw = await read_body()
         try:
             body = parse_object(raw, empty_ok=True)
             check_fields(body, UNLOAD_FIELDS)

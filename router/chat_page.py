@@ -29,7 +29,7 @@ from quart_trio import QuartTrio
 from .config import Config, resolve_name
 from .errors import error_response, unknown_model
 from .proxy import HOP_BY_HOP, SAFE_SEGMENT, Proxy, read_replica_error
-from .request_body import BodyError, parse_json
+from .request_body import BodyError, parse_json, read_body
 from .request_headers import as_sent
 from .runtime import Router
 
@@ -95,7 +95,7 @@ def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.
             port = router.ready_port([model])
             if port is not None:
                 return await pass_get(port, rest, model)
-        raw = await request.get_data(cache=False)
+        raw = await read_body()
         stream = False
         if request.method == "POST":
             try:
