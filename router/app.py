@@ -14,9 +14,11 @@ from werkzeug.exceptions import HTTPException
 from .access import OPEN_PATHS, key_accepted, presented_key
 from .browser_guard import register_guard
 from .config import Config, resolve_name
-from .errors import error_response, unknown_model
+from .errors import error_response, internal_error, unknown_model
 from .proxy import SAFE_SEGMENT, Proxy
 from .reload import reload_config
+from .request_body import BodyError, FieldTypes, body_left_unread, check_fields, parse_object, read_body
+from .request_headers import bad_header, headers_too_large
 from .runtime import Router
 from .status import models_document, replica_log, status_document
 from .tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
@@ -51,6 +53,8 @@ TOKEN_COUNTING = (
     "/v1/chat/completions/input_tokens",
 )
 
+UNLOAD_FIELDS: FieldTypes = {"model": ((str,), "a string"), "force": ((bool,), "a boolean")}
+
 
 def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> QuartTrio:
     app = QuartTrio("llama_router")
@@ -59,6 +63,14 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
     app.config["BODY_TIMEOUT"] = 120
     proxy = Proxy(router, client)
     register_guard(app, config.router.host, lambda: router.config.router)  # first: before the key check
+
+    @app.before_request
+    async def check_headers() -> Response | None:
+        too_large = headers_too_large(request.headers.items())
+        if too_large is not None:
+            return error_response(431, "headers_too_large", too_large, {"Connection": "close"})
+        problem = bad_header(request.headers.items())
+        return None if problem is None else error_response(400, "invalid_header", problem)
 
     @app.before_request
     async def check_key() -> Response | None:
@@ -70,9 +82,22 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
         message = "a valid API key is required: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
         return error_response(401, "invalid_api_key", message, {"WWW-Authenticate": "Bearer"})
 
+    @app.after_request
+    async def close_after_unread_body(response: Response) -> Response:
+        if body_left_unread():
+            response.headers["Connection"] = "close"
+        return response
+
+    @app.errorhandler(Exception)
+    async def unexpected_error(exc: Exception) -> Response:
+        return internal_error(exc, request.method, request.path)
+
     @app.errorhandler(HTTPException)
     async def http_error(exc: HTTPException) -> Response:
         status = exc.code or 500
+        original = getattr(exc, "original_exception", None)
+        if status == 500 and isinstance(original, BaseException):
+            return internal_error(original, request.method, request.path)
         if status == 413:
             limit = config.router.max_body_mib  # fixed at startup
             message = f"request body is larger than max_body_mib = {limit} MiB; send less or raise the limit"
@@ -112,13 +137,12 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
         return upper if exact is None else exact + output
 
     async def forward(path: str) -> Response:
-        raw = await request.get_data(cache=False)
+        raw = await read_body()
         try:
-            body = json.loads(raw or b"null")
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return error_response(400, "invalid_json", f"the request body is not valid JSON: {exc}")
-        if not isinstance(body, dict):
-            return error_response(400, "invalid_json", "the request body must be a JSON object")
+            body = parse_object(raw)
+            check_fields(body)
+        except BodyError as exc:
+            return error_response(400, exc.code, str(exc))
         target, problem = resolve(body.get("model"), path)
         if problem is not None:
             return problem
@@ -185,7 +209,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
         segments = rest.split("/")
         if any(s in ("", ".", "..") or not SAFE_SEGMENT.match(s) for s in segments):
             return error_response(400, "invalid_path", f"'{rest}' is not a plain path below the model")
-        raw = await request.get_data(cache=False)
+        raw = await read_body()
         ticket = router.admit(
             target, asked=model, endpoint="/upstream", client=request.remote_addr or "", tokens=None
         )
@@ -210,18 +234,17 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
 
     @app.route("/unload", methods=["POST"])
     async def unload() -> Response:
-        raw = await request.get_data(cache=False)
+        raw = await read_body()
         try:
-            body = json.loads(raw) if raw.strip() else {}
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return error_response(400, "invalid_json", f"the request body is not valid JSON: {exc}")
-        if not isinstance(body, dict):
-            return error_response(400, "invalid_json", "the request body must be a JSON object")
+            body = parse_object(raw, empty_ok=True)
+            check_fields(body, UNLOAD_FIELDS)
+        except BodyError as exc:
+            return error_response(400, exc.code, str(exc))
         name = body.get("model")
         force = body.get("force") is True
         model = None
         if name is not None:
-            model = resolve_name(router.config, str(name))
+            model = resolve_name(router.config, name)
             if model is None or model not in router.config.models:
                 return unknown_model(name, router.config.models)
         wait = body.get("wait", True) is not False

@@ -19,7 +19,6 @@ router requires an API key, a browser cannot send one for the page itself.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Mapping
 
 import httpx
@@ -30,7 +29,9 @@ from quart_trio import QuartTrio
 from .browser_guard import drop_cors
 from .config import Config, resolve_name
 from .errors import error_response, unknown_model
-from .proxy import HOP_BY_HOP, SAFE_SEGMENT, Proxy
+from .proxy import HOP_BY_HOP, SAFE_SEGMENT, Proxy, read_replica_error
+from .request_body import BodyError, parse_json, read_body
+from .request_headers import as_sent
 from .runtime import Router
 
 _HOP = HOP_BY_HOP | {"cookie"}
@@ -61,15 +62,18 @@ def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.
     def unknown(name: str) -> Response:
         return unknown_model(name, router.config.models)
 
-    async def pass_get(port: int, rest: str) -> Response:
+    async def pass_get(port: int, rest: str, model: str) -> Response:
         url = f"http://127.0.0.1:{port}/{rest}"
         if request.query_string:
             url += "?" + request.query_string.decode("latin-1")
-        outgoing = client.build_request("GET", url, headers=_pass_headers(request.headers))
+        outgoing = client.build_request("GET", url, headers=as_sent(_pass_headers(request.headers).items()))
         try:
             upstream = await client.send(outgoing, stream=True)
         except httpx.HTTPError as exc:
             return error_response(502, "upstream_unreachable", f"the replica did not answer: {exc!r}")
+        if upstream.status_code >= 400:
+            error = await read_replica_error(model, upstream)
+            return Response(error.body, status=error.status, content_type="application/json")
         return Response(
             _relay(upstream), status=upstream.status_code, headers=drop_cors(_pass_headers(upstream.headers))
         )
@@ -91,17 +95,20 @@ def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.
         if request.method == "GET":
             port = router.ready_port([model])
             if port is not None:
-                return await pass_get(port, rest)
-        raw = await request.get_data(cache=False)
+                return await pass_get(port, rest, model)
+        raw = await read_body()
+        stream = False
+        if request.method == "POST":
+            try:
+                doc = parse_json(raw)
+            except BodyError:  # not JSON, or not within the router's limits: the replica judges it
+                doc = None
+            stream = isinstance(doc, dict) and doc.get("stream") is True
         ticket = router.admit(
             model, asked=name, endpoint="/chat", client=request.remote_addr or "", tokens=None
         )
         g.ticket = ticket
         if request.method == "POST":
-            try:
-                stream = json.loads(raw or b"null").get("stream") is True
-            except (AttributeError, UnicodeDecodeError, ValueError):
-                stream = False
             return await proxy.respond(
                 ticket,
                 method="POST",
@@ -121,4 +128,4 @@ def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.
             reject = ticket.reject
             return error_response(reject.status, reject.code, reject.message)
         assert ticket.port is not None
-        return await pass_get(ticket.port, rest)
+        return await pass_get(ticket.port, rest, model)

@@ -1,11 +1,19 @@
-"""Errors in the OpenAI shape: ``{"error": {"message", "type", "code"}}``."""
+"""Errors in the OpenAI shape: ``{"error": {"message", "type", "code"}}``.
+
+``internal_error`` is the answer to anything a handler did not expect: a 500 whose message carries a short
+id that the log line with the traceback carries too, so a report can be matched to its cause.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
+import secrets
 from collections.abc import Iterable, Mapping
 
 from quart import Response
+
+log = logging.getLogger("router")
 
 _TYPES = {
     400: "invalid_request_error",
@@ -22,7 +30,8 @@ _TYPES = {
 
 
 def error_body(status: int, code: str, message: str) -> dict[str, dict[str, str]]:
-    return {"error": {"message": message, "type": _TYPES.get(status, "server_error"), "code": code}}
+    kind = _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "code": code}}
 
 
 def error_response(
@@ -44,3 +53,11 @@ def unknown_model(name: object, known: Iterable[str]) -> Response:
     """404 for a name that matches no model (or pool), listing the names that do."""
     names = ", ".join(sorted(known))
     return error_response(404, "model_not_found", f"model '{name}' is not served here; known: {names}")
+
+
+def internal_error(exc: BaseException, method: str, path: str) -> Response:
+    """500 for an exception no handler expected; logged with its traceback under a short id."""
+    ident = secrets.token_hex(4)
+    log.error("internal error %s on %s %s", ident, method, ascii(path), exc_info=exc)
+    message = f"internal error in the router (id {ident}); its log has the details"
+    return error_response(500, "internal_error", message)

@@ -119,7 +119,10 @@ class GpuSampler:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         while True:
-            await self.sample()
+            try:
+                await self.sample()
+            except Exception:  # a sample lost is no reason to stop the router
+                log.exception("GPU sampler: taking a sample failed; carrying on")
             await trio.sleep(self.interval)
 
     async def _read(self) -> None:

@@ -8,7 +8,9 @@ mode, so the readers of ``/history`` do not wait for it. Rows older than ``max_a
 A full disk, an unwritable path or a broken database never reaches a request: the rows that cannot be
 written are dropped and counted in ``lost`` (exported as ``llama_router_history_rows_lost_total``), a
 warning is logged at most once a minute, and the next flush tries to open the database again. While the
-database is unusable, ``query`` answers from the most recent records kept in memory.
+database is unusable, ``query`` answers from the most recent records kept in memory. Any other fault in a
+batch (a value SQLite cannot bind, say) is handled the same way: the writer task never ends before the
+router does.
 """
 
 from __future__ import annotations
@@ -262,9 +264,12 @@ class History:
                 with trio.move_on_after(self.flush_every):
                     await self._wake.wait()
                 self._wake = trio.Event()
-                await self.flush()
-                if trio.current_time() - self._last_prune >= PRUNE_EVERY:
-                    await self.prune()
+                try:
+                    await self.flush()
+                    if trio.current_time() - self._last_prune >= PRUNE_EVERY:
+                        await self.prune()
+                except Exception:  # the history must never take the router down with it
+                    log.exception("request history: the writer failed; carrying on")
         finally:
             with trio.CancelScope(shield=True):
                 with trio.move_on_after(5.0):
@@ -277,11 +282,11 @@ class History:
             while self._buffer:
                 count = min(len(self._buffer), self.batch_rows)
                 batch = [self._buffer.popleft() for _ in range(count)]
-                rows = [_row(r) for r in batch]
                 try:
+                    rows = [_row(r) for r in batch]
                     await trio.to_thread.run_sync(self._store.write, rows)
-                except (sqlite3.Error, OSError) as exc:
-                    self._lose(len(rows), f"cannot write {self.path}: {exc}")
+                except Exception as exc:  # sqlite3.Error, OSError, or a value SQLite cannot take
+                    self._lose(len(batch), f"cannot write {self.path}: {exc!r}")
                 else:
                     self.written += len(rows)
                     self._healthy = True
@@ -292,7 +297,7 @@ class History:
         async with self._flushing:
             try:
                 self.pruned += await trio.to_thread.run_sync(self._store.prune, self.max_rows, oldest)
-            except (sqlite3.Error, OSError) as exc:
+            except Exception as exc:
                 self._warn(f"cannot prune {self.path}: {exc}")
 
     async def query(self, query: HistoryQuery) -> tuple[list[dict[str, Any]], str]:
@@ -303,7 +308,7 @@ class History:
         if self._healthy:
             try:
                 return await trio.to_thread.run_sync(self._store.read, query), "db"
-            except (sqlite3.Error, OSError) as exc:
+            except Exception as exc:
                 self._warn(f"cannot read {self.path}: {exc}")
         rows = [r.as_json() for r in reversed(self.recent) if _matches(r, query)]
         return rows[: query.limit], "memory"

@@ -17,6 +17,11 @@ Clients that stop reading
     socket closed, the application told the client left, the slot freed. :func:`cut_stalled_writes` ends
     every pending write at once, for the last moments of a shutdown.
 
+Malformed requests
+    A request hypercorn cannot parse (a bad request line, raw bytes in the target, a duplicate
+    Content-Length, a head over 64 KiB) never reaches the application; hypercorn answered it with an empty
+    body. It is now answered in the OpenAI error shape too, saying what was wrong in general terms.
+
 A budget of open connections
     Every client connection holds a file descriptor (two while its request is relayed). Past
     ``max_connections`` open connections, a new one is answered at once with a 503 in the OpenAI error
@@ -33,6 +38,7 @@ import logging
 import math
 from typing import Any
 
+import h11
 import trio
 from hypercorn.events import Closed, RawData
 from hypercorn.protocol.events import StreamClosed
@@ -57,6 +63,10 @@ def apply(send_timeout: float = 60.0, max_connections: int | None = None) -> Non
     _max_connections = max_connections
     if not getattr(TCPServer.run, _MARK, False):
         TCPServer.run = _budgeted_connections(TCPServer.run)  # type: ignore[method-assign]
+    if not getattr(TCPServer._close, _MARK, False):
+        TCPServer._close = _close_after_writes(TCPServer._close)  # type: ignore[method-assign]
+    if not getattr(H11Protocol._send_error_response, _MARK, False):
+        H11Protocol._send_error_response = _shaped_protocol_error  # type: ignore[method-assign]
     if not getattr(H11Protocol.stream_send, _MARK, False):
         H11Protocol.stream_send = _shield_end_of_exchange(H11Protocol.stream_send)  # type: ignore[method-assign]
     if not getattr(TCPServer.protocol_send, _MARK, False):
@@ -106,6 +116,55 @@ def _budgeted_connections(original: Any) -> Any:
 
     setattr(run, _MARK, True)
     return run
+
+
+_PROTOCOL_ERRORS = {
+    400: (
+        "invalid_http",
+        "the request is not valid HTTP/1.1 (request line, headers or framing); send a well-formed request",
+    ),
+    431: ("headers_too_large", "the request head is larger than 64 KiB; send fewer or shorter headers"),
+}
+
+
+def protocol_error_body(status: int) -> bytes:
+    code, message = _PROTOCOL_ERRORS.get(status, ("invalid_http", f"the request was refused ({status})"))
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
+
+
+async def _shaped_protocol_error(self: H11Protocol, status_code: int) -> None:
+    body = protocol_error_body(status_code)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+        *self.config.response_headers("h11"),
+    ]
+    events = (h11.Response(status_code=status_code, headers=headers), h11.Data(data=body), h11.EndOfMessage())
+    try:
+        data = b"".join(self.connection.send(event) or b"" for event in events)
+    except h11.LocalProtocolError:
+        if self.connection.their_state != h11.ERROR:
+            raise
+        return
+    await self.send(RawData(data=data))  # one write: the connection's close cannot come in between
+
+
+setattr(_shaped_protocol_error, _MARK, True)
+
+
+def _close_after_writes(original: Any) -> Any:
+    """Closing waits for a write in progress (bounded by ``send_timeout``): shutting the socket down in the
+    middle of one would cut a reply short, or fail the write."""
+
+    @functools.wraps(original)
+    async def close(self: TCPServer) -> None:
+        async with self.send_lock:
+            await original(self)
+
+    setattr(close, _MARK, True)
+    return close
 
 
 def cut_stalled_writes() -> int:

@@ -3,8 +3,9 @@
 The request waits for the scheduler's decision (Dispatch or Reject). A streaming request that waits longer
 than a moment gets its response started with SSE comments that keep the connection alive; if it is then
 rejected, the stream ends with an error event. Bodies pass byte for byte; the upstream's status and content
-type are kept. When the client disconnects, the upstream exchange is closed at once (llama-server stops
-generating) and the scheduler is told, which frees the slot.
+type are kept, except that error replies are read whole and answered in the OpenAI shape (see
+``router.replica_errors``). When the client disconnects, the upstream exchange is closed at once
+(llama-server stops generating) and the scheduler is told, which frees the slot.
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 
 import httpx
 import trio
 from quart import Response
+from werkzeug.datastructures import Headers
 
 from .browser_guard import drop_cors
 from .errors import error_response, sse_error
+from .replica_errors import BODY_LIMIT, ReplicaError, shape_replica_error
+from .request_headers import as_sent
 from .runtime import Router, Ticket
 
 KEEPALIVE_AFTER = 1.0
@@ -50,8 +54,8 @@ _DROP = HOP_BY_HOP | {"accept-encoding"}
 SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9._~:@!$&'()*+,;=-]+$")
 
 
-def upstream_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() not in _DROP}
+def upstream_headers(headers: Headers) -> list[tuple[bytes, bytes]]:
+    return as_sent((k, v) for k, v in headers.items() if k.lower() not in _DROP)
 
 
 def reply_headers(headers: httpx.Headers, model: str | None) -> dict[str, str]:
@@ -62,6 +66,24 @@ def reply_headers(headers: httpx.Headers, model: str | None) -> dict[str, str]:
     if model is not None:
         out["x-router-model"] = model
     return out
+
+
+async def read_replica_error(model: str | None, upstream: httpx.Response) -> ReplicaError:
+    """Read a replica's error reply (at most BODY_LIMIT bytes), close it, and shape the answer."""
+    body = bytearray()
+    complete = True
+    try:
+        async for chunk in upstream.aiter_bytes():
+            body += chunk
+            if len(body) > BODY_LIMIT:
+                complete = False
+                break
+    except httpx.HTTPError:
+        complete = False
+    finally:
+        with trio.CancelScope(shield=True):
+            await upstream.aclose()
+    return shape_replica_error(model, upstream.status_code, bytes(body[:BODY_LIMIT]), complete)
 
 
 def _reject_response(ticket: Ticket) -> Response:
@@ -95,7 +117,7 @@ class Proxy:
         path: str,
         query: bytes,
         body: bytes,
-        headers: Mapping[str, str],
+        headers: Headers,
         stream: bool,
     ) -> Response:
         ticket.observed.stream = stream
@@ -109,11 +131,15 @@ class Proxy:
                 self.router.finish(ticket, completed=False)
                 return _reject_response(ticket)
             upstream = await self._open(ticket, method, path, query, body, headers)
+            if isinstance(upstream, Response):
+                return upstream
+            if upstream.status_code >= 400:
+                error = await self._read_error(ticket, upstream)
+                self.router.finish(ticket, completed=True)
+                return self._error_reply(ticket, upstream, error)
         except BaseException:
             self.router.finish(ticket, completed=False)
             raise
-        if isinstance(upstream, Response):
-            return upstream
         return Response(
             self._relay(ticket, upstream),
             status=upstream.status_code,
@@ -121,7 +147,7 @@ class Proxy:
         )
 
     async def _open(
-        self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Mapping[str, str]
+        self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Headers
     ) -> httpx.Response | Response:
         pooled = ticket.target in self.router.state.settings.pools
         if pooled and ticket.model is not None and ticket.model != ticket.target:
@@ -184,6 +210,22 @@ class Proxy:
                 await upstream.aclose()
             self.router.finish(ticket, completed=completed)
 
+    async def _read_error(self, ticket: Ticket, upstream: httpx.Response) -> ReplicaError:
+        """Read a replica's error reply and note what the client will get."""
+        error = await read_replica_error(ticket.model, upstream)
+        ticket.observed.fail(error.status, error.message)
+        return error
+
+    @staticmethod
+    def _error_reply(ticket: Ticket, upstream: httpx.Response, error: ReplicaError) -> Response:
+        if error.wrapped:
+            headers = {"content-type": "application/json"}
+            if ticket.model is not None:
+                headers["x-router-model"] = ticket.model
+        else:
+            headers = reply_headers(upstream.headers, ticket.model)
+        return Response(error.body, status=error.status, headers=headers)
+
     def _failure_text(self, ticket: Ticket, exc: BaseException) -> str:
         if ticket.failure is not None:
             return ticket.failure.message
@@ -198,7 +240,7 @@ class Proxy:
         return repr(exc)
 
     async def _wait_then_relay(
-        self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Mapping[str, str]
+        self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Headers
     ) -> AsyncIterator[bytes]:
         try:
             while not ticket.decided.is_set():
@@ -210,18 +252,18 @@ class Proxy:
                 yield sse_error(ticket.reject.status, ticket.reject.code, ticket.reject.message)
                 return
             upstream = await self._open(ticket, method, path, query, body, headers)
+            error = None
+            if isinstance(upstream, httpx.Response) and upstream.status_code >= 400:
+                error = await self._read_error(ticket, upstream)
+                self.router.finish(ticket, completed=True)
         except BaseException:
             self.router.finish(ticket, completed=False)
             raise
         if isinstance(upstream, Response):
             yield sse_error(502, "upstream_unreachable", f"the replica of '{ticket.model}' did not answer")
             return
-        if upstream.status_code >= 400:
-            detail = (await upstream.aread()).decode("utf-8", "replace")
-            await upstream.aclose()
-            ticket.observed.error = detail[:500]
-            self.router.finish(ticket, completed=True)
-            yield sse_error(upstream.status_code, "upstream_error", detail)
+        if error is not None:
+            yield b"data: " + error.body + b"\n\n"
             return
         async for chunk in self._relay(ticket, upstream):
             yield chunk

@@ -7,10 +7,15 @@ handler is done with the ticket, ``record_of`` turns ticket and observation into
 Statuses: the HTTP status the client got, except that a request rejected after its event stream began
 (status 200 with keep-alive comments) records the rejection's status, a stream broken off by a failing
 replica records 502, and a client that went away before the reply ended records 499.
+
+Every text field of a record is made valid Unicode as the record is built (``valid_text``): records feed
+SQLite and the metrics, whose encoders refuse lone surrogates. Client bodies holding one are refused where
+they are parsed (``router.request_body``), but a replica's reply can still spell one in an error message.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +29,17 @@ if TYPE_CHECKING:
 CLIENT_CLOSED = 499
 ERROR_TEXT_LIMIT = 500
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD, so that it encodes as UTF-8."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def _valid_or_none(text: str | None) -> str | None:
+    return None if text is None else valid_text(text)
+
 
 @attrs.frozen
 class RequestRecord:
@@ -36,10 +52,10 @@ class RequestRecord:
     """
 
     at: float
-    client: str
-    endpoint: str
-    model_asked: str | None
-    model_served: str | None
+    client: str = attrs.field(converter=valid_text)
+    endpoint: str = attrs.field(converter=valid_text)
+    model_asked: str | None = attrs.field(converter=_valid_or_none)
+    model_served: str | None = attrs.field(converter=_valid_or_none)
     status: int
     duration: float
     queue_wait: float | None = None
@@ -47,8 +63,8 @@ class RequestRecord:
     prompt_tokens: int | None = None
     generated_tokens: int | None = None
     cached_tokens: int | None = None
-    error: str | None = None
-    target: str | None = None
+    error: str | None = attrs.field(default=None, converter=_valid_or_none)
+    target: str | None = attrs.field(default=None, converter=_valid_or_none)
     stream: bool = False
 
     def as_json(self) -> dict[str, Any]:

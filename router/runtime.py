@@ -395,7 +395,10 @@ class Router:
         level = logging.WARNING if kind in ("load_failed", "unresponsive") else logging.INFO
         log.log(level, "%s %s (replica %d): %s", kind, model, replica, reason)
         for listener in self.listeners:
-            listener(kind, attrs.asdict(happening))
+            try:
+                listener(kind, attrs.asdict(happening))
+            except Exception:  # the metrics' faults stay theirs; the owner task must go on
+                log.exception("a happening listener failed")
 
     async def _timer(self) -> None:
         while True:

@@ -24,6 +24,7 @@ from .dash import register_dash, start_observers
 from .deploy import prepare
 from .gpu_monitor import GpuMonitor
 from .reload import reload_config
+from .request_headers import HEADERS_LIMIT
 from .runtime import Router
 
 log = logging.getLogger("router")
@@ -39,7 +40,7 @@ def hypercorn_config(config: Config) -> HypercornConfig:
     # The router drains in-flight work itself before it stops the HTTP server, so the server's own grace
     # only has to flush the last bytes.
     hc.graceful_timeout = 1.0
-    hc.h11_max_incomplete_size = 64 * 1024
+    hc.h11_max_incomplete_size = HEADERS_LIMIT
     hc.read_timeout = 300
     return hc
 

@@ -11,6 +11,11 @@ whitespace-separated word (``str.split()``); a token's id is the CRC-32 of the w
 token ``i`` of a reply has the text ``" tok{i}"`` (or the next word of the ``reply`` text), which is one
 token under the same rule.
 
+Errors follow llama-server b11434 where the router depends on them: JSON error bodies in its shape; an
+empty 400 for a multipart body (cpp-httplib); 500s for some bodies that are the client's mistake (Anthropic
+messages without ``messages``, ``tools`` that are not an array, a chat message without ``role``); and, with
+``web_ui``, a page at ``/`` that answers 415 in plain text to a client that does not accept gzip.
+
 Only the standard library is imported so that the process listens within a few tens of milliseconds.
 """
 
@@ -62,6 +67,7 @@ class Behaviour:
     # MiB this replica "holds" on each GPU it is shown, reported to a stand-in NVML through the file
     # $FAKE_NVML_PROCS_DIR/<pid> once loaded (None: report nothing).
     gpu_mib: float | None = None
+    web_ui: bool = False
 
 
 BEHAVIOUR_KEYS: frozenset[str] = frozenset(f.name for f in fields(Behaviour))
@@ -943,6 +949,11 @@ class Handler(BaseHTTPRequestHandler):
             if not self.state.ready.is_set():
                 self._read_body()
                 raise RequestError(503, "Loading model", "unavailable_error")
+            if self.headers.get("Content-Type", "").startswith("multipart/form-data"):
+                self._read_body()  # cpp-httplib refuses a multipart body it cannot parse: empty 400
+                self.close_connection = True
+                self._send(400, b"", "text/plain")
+                return
             route = routes.get(path)
             if route is None:
                 self._read_body()
@@ -962,6 +973,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def route_health(self) -> None:
         self.send_json(200, {"status": "ok"})
+
+    def route_web_ui(self) -> None:
+        if not self.state.behaviour.web_ui:
+            raise RequestError(404, "File Not Found", "not_found_error")
+        if "gzip" not in self.headers.get("Accept-Encoding", ""):
+            self._send(415, b"Error: gzip is not supported by this browser", "text/plain")
+            return
+        self._send(200, b"<!doctype html><title>llama.cpp (simulated)</title>", "text/html")
 
     def route_slots(self) -> None:
         self.send_json(
@@ -1177,6 +1196,18 @@ class Handler(BaseHTTPRequestHandler):
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError(400, "'messages' is required and must be a non-empty list")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            shown = json.dumps(tools, ensure_ascii=False)  # nlohmann's dump() does not escape either
+            raise RequestError(
+                500, f"Failed to parse tools: Expected 'tools' to be an array, got {shown}", "server_error"
+            )
+        for message in messages:
+            if isinstance(message, dict) and "role" not in message:
+                shown = json.dumps(message, ensure_ascii=False)
+                raise RequestError(
+                    500, f"Failed to parse messages: Missing 'role' in message: {shown}", "server_error"
+                )
         requested = body.get("max_completion_tokens", body.get("max_tokens", body.get("n_predict")))
         job = self._job(body, tokenize(render_chat(messages)), requested, body.get("stop"))
         self._generate(job, ChatShape(), "chatcmpl-")
@@ -1215,6 +1246,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _anthropic_prompt(self, body: dict[str, Any]) -> str:
         messages = body.get("messages")
+        if messages is None:
+            raise RequestError(500, "'messages' is required", "server_error")
         if not isinstance(messages, list) or not messages:
             raise RequestError(400, "'messages' is required and must be a non-empty list")
         system = body.get("system")
@@ -1361,6 +1394,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 GET_ROUTES: dict[str, Callable[[Handler], None]] = {
+    "/": Handler.route_web_ui,
     "/health": Handler.route_health,
     "/v1/health": Handler.route_health,
     "/slots": Handler.route_slots,

@@ -33,7 +33,7 @@ def write_sim_model(dir: Path, name: str, **behaviour: Any) -> Path:
 
     Keys are those of ``tests.simserver.Behaviour``: load_delay, tokens, token_rate, prompt_rate,
     crash_after_tokens, oom_at_load, oom_mib, exit_at_load, hang_health, ignore_sigterm, record_dir,
-    embedding_dim, reply, n_ctx_train, model_mib."""
+    embedding_dim, reply, n_ctx_train, model_mib, web_ui."""
     _check_keys(behaviour)
     data = {"name": name, **{k: str(v) if isinstance(v, Path) else v for k, v in behaviour.items()}}
     dir.mkdir(parents=True, exist_ok=True)

@@ -102,3 +102,18 @@ async def test_connections_past_the_budget_get_503_at_once_and_slow_clients_cann
                 if reply.status_code == 200:
                     break
                 await trio.sleep(0.05)
+
+
+async def test_requests_hypercorn_cannot_parse_get_the_openai_error_shape(tmp_path: Path) -> None:
+    async with running_router(tmp_path, {"m": {}}) as h:
+        cases = {
+            "NONSENSE\n": 400,
+            "GET /health HTTP/1.1\nHost: 127.0.0.1\nContent-Length: 1\nContent-Length: 2\n": 400,
+            "GET /health HTTP/1.1\nHost: 127.0.0.1\nX-Big: " + "a" * 70_000 + "\n": 431,
+        }
+        for head, status in cases.items():
+            data, _ = await exchange(h, head)
+            top, body = data.split(b"\r\n\r\n", 1)
+            assert top.startswith(f"HTTP/1.1 {status}".encode()), top
+            error = json.loads(body)["error"]
+            assert error["type"] == "invalid_request_error" and error["message"]

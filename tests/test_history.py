@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 import trio
@@ -229,6 +230,26 @@ async def test_the_writer_keeps_going_after_the_database_breaks(tmp_path: Path) 
     assert store.healthy and store.written == 2
     rows, source = await store.query(HistoryQuery())
     assert source == "db" and [r["status"] for r in rows] == [203, 201]
+
+
+async def test_a_row_sqlite_cannot_take_is_lost_and_the_writer_goes_on(tmp_path: Path) -> None:
+    """A value SQLite refuses (an integer beyond 64 bits from a replica's usage, say) costs its batch, not the
+    writer task: the rows after it are written by the same task."""
+    store = History(tmp_path / "h.db", max_rows=100, max_age_days=1.0, flush_every=0.02)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        store.add(attrs.evolve(record(time.time(), status=201), prompt_tokens=2**70))
+        with trio.fail_after(5):
+            while store.lost < 1:
+                await trio.sleep(0.01)
+        store.add(record(time.time(), status=202))
+        with trio.fail_after(5):
+            while store.written < 1:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    assert store.lost == 1 and store.written == 1
+    rows, source = await store.query(HistoryQuery())
+    assert source == "db" and [r["status"] for r in rows] == [202]
 
 
 def test_bad_status_filters_are_refused() -> None:
