@@ -4,8 +4,8 @@
 overrides ROUTER_HOST, ROUTER_PORT, ROUTER_API_KEYS, ROUTER_CORS_ORIGINS, ROUTER_ALLOWED_HOSTS and
 HISTORY_DB_PATH (an empty variable counts as unset). ``config_from_dict`` validates an already parsed
 document. Every problem raises :class:`ConfigError`, whose message names the file, the dotted key, the bad
-value and what is allowed. Model files are not checked for existence here: the placement step reports
-missing files.
+value and what is allowed. Model files are not checked for existence here: ``check_model_files`` does
+that when the configuration is deployed (at startup and on every reload).
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ __all__ = [
     "ReasoningEffort",
     "RouterSettings",
     "check_gpu_ids",
+    "check_model_files",
     "config_from_dict",
     "default_state_dir",
     "load_config",
@@ -321,3 +322,22 @@ def check_gpu_ids(config: Config, gpu_ids: Sequence[int]) -> None:
                 f"devices.{gpu} is invalid: GPU {gpu} does not exist; GPUs present: {shown}",
                 key=f"devices.{gpu}",
             )
+
+
+def check_model_files(config: Config) -> None:
+    """Raise ConfigError naming the path when a model's GGUF file is missing or cannot be read."""
+    for model in config.models.values():
+        try:
+            with model.path.open("rb") as file:
+                file.read(1)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if isinstance(exc, IsADirectoryError):
+                reason = "it is a directory"
+            raise ConfigError(
+                config.path,
+                f"models.{model.name}.model = {render_value(str(model.path))} is invalid: the model file "
+                f"{model.path} cannot be read ({reason}); fix the path (relative paths start at the config "
+                "file's directory) or the file's permissions",
+                key=f"models.{model.name}.model",
+            ) from None

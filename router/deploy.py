@@ -1,8 +1,8 @@
 """A deployment: everything decided from one configuration before the router uses it.
 
 ``prepare(config)`` locates llama-server, plans placement, builds the scheduler's settings and the launch
-recipe of every model, and refuses what cannot work (a pass-through key that is no flag of that
-llama-server, unknown GPU ids, pinned models that cannot all stay resident).
+recipe of every model, and refuses what cannot work (a model file that cannot be read, a pass-through key
+that is no flag of that llama-server, unknown GPU ids, pinned models that cannot all stay resident).
 Startup uses it once; a reload uses it again for the new file and swaps only when it succeeds.
 """
 
@@ -16,7 +16,7 @@ import attrs
 
 from statemachine import Settings
 
-from .config import Config, check_gpu_ids, read_api_keys
+from .config import Config, check_gpu_ids, check_model_files, read_api_keys
 from .gpu_monitor import GpuMonitor, Ours
 from .launch import ModelLaunch, check_pinned, launches, scheduler_settings
 from .locate import find_llama_server
@@ -43,6 +43,7 @@ def prepare(config: Config, monitor: GpuMonitor | None = None, ours: Ours | None
     accepted = accepted_flags(binary)
     if accepted is not None:
         check_flags(config, binary, accepted)
+    check_model_files(config)
     ids, budgets, decisions, document = plan(config, monitor, ours)
     check_gpu_ids(config, ids)
     settings = scheduler_settings(config, ids, decisions, budgets)
