@@ -10,8 +10,10 @@ that when the configuration is deployed (at startup and on every reload).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -75,6 +77,7 @@ __all__ = [
     "check_gpu_ids",
     "check_model_files",
     "config_from_dict",
+    "default_history_db",
     "default_state_dir",
     "load_config",
     "read_api_keys",
@@ -91,6 +94,16 @@ def default_state_dir(env: Mapping[str, str] | None = None) -> Path:
         return Path(env["XDG_STATE_HOME"]).expanduser() / "llama-router"
     home = Path(env["HOME"]) if env.get("HOME") else Path.home()
     return home / ".local" / "state" / "llama-router"
+
+
+def default_history_db(config_path: str | Path, env: Mapping[str, str] | None = None) -> Path:
+    """The history database of a router run on ``config_path`` when ``history_db`` is not set:
+    ``<state dir>/<config file stem>-<8 hex digits of the hash of its absolute path>/history.db``, so that
+    routers on different config files never share one."""
+    resolved = Path(config_path).expanduser().resolve()
+    digest = hashlib.sha256(str(resolved).encode("utf-8")).hexdigest()[:8]
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", resolved.stem).strip(".") or "config"
+    return default_state_dir(env) / f"{stem}-{digest}" / "history.db"
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
@@ -194,7 +207,7 @@ def _router(doc: Doc, table: Mapping[str, Any], env: Mapping[str, str]) -> Route
         if value != ():
             values[spec.name] = Path(value).expanduser() if spec.name == "history_db" else value
     if values["history_db"] is None:
-        values["history_db"] = default_state_dir(env) / "history.db"
+        values["history_db"] = default_history_db(doc.path, env)
     values["api_keys"] = _unique(values["api_keys"])
     for name, problem, canonical in (
         ("cors_origins", origin_entry_problem, canonical_origin_entry),

@@ -19,6 +19,7 @@ from .config import Config
 from .dash import register_dash, start_observers
 from .deploy import prepare
 from .gpu_monitor import GpuMonitor
+from .history_lock import history_lock
 from .reload import reload_config
 from .runtime import Router
 
@@ -47,12 +48,15 @@ def build_router(config: Config) -> Router:
 async def run_server(
     config: Config, *, on_ready: Callable[[str], None] | None = None, router: Router | None = None
 ) -> None:
+    """Serve until shutdown; the history database is held for this router (``history_lock``) first."""
     hypercorn_fixes.apply(config.router.send_timeout)
-    router = router or build_router(config)
     try:
-        await _serve_router(config, router, on_ready)
+        with history_lock(config):
+            router = router or build_router(config)
+            await _serve_router(config, router, on_ready)
     finally:
-        router.gpus.close()
+        if router is not None:
+            router.gpus.close()
 
 
 async def _serve_router(config: Config, router: Router, on_ready: Callable[[str], None] | None) -> None:

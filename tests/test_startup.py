@@ -1,5 +1,5 @@
-"""The first start: a missing model file stops it, and a reload to one is refused. Startup failures are one
-message and exit status 2, never a traceback."""
+"""The first start: a missing model file stops it (and a reload to one is refused), and every router has a
+history database of its own. Startup failures are one message and exit status 2, never a traceback."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from router.config import default_history_db, load_config
 from tests.harness import (
     REPO,
     assert_openai_error,
@@ -73,3 +74,40 @@ async def test_reload_refuses_a_missing_or_unreadable_model_file(tmp_path: Path)
         error = assert_openai_error(await rt.client.post("/reload", json={}), 400, "invalid_config")
         assert f"the model file {folder} cannot be read (it is a directory)" in error["message"]
         assert (await post_chat(rt.client, "a", max_tokens=2)).status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------------- history
+
+
+def test_routers_on_different_config_files_get_different_history_databases(tmp_path: Path) -> None:
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    paths = []
+    for where in ("one/router.toml", "two/router.toml", "one/other.toml"):
+        path = tmp_path / where
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text('[models.a]\nmodel = "a.gguf"\n')
+        paths.append(load_config(path, env=env).router.history_db)
+    assert len(set(paths)) == 3
+    assert all(
+        p.parent.parent == tmp_path / "state" / "llama-router" and p.name == "history.db" for p in paths
+    )
+    assert paths[0].parent.name.startswith("router-") and paths[2].parent.name.startswith("other-")
+    again = load_config(tmp_path / "one" / "router.toml", env=env).router.history_db
+    assert again == paths[0]  # the same file keeps its database
+    relative = default_history_db(Path(os.path.relpath(tmp_path / "one" / "router.toml")), env)
+    assert relative == paths[0]
+
+
+async def test_a_second_router_on_the_same_history_database_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "shared" / "history.db"
+    async with running_router(tmp_path / "first", {"a": {"sim": {}}}, router={"history_db": str(shared)}):
+        second = tmp_path / "second"
+        doc = config_document(second, {"b": {"sim": {}}}, router={"history_db": str(shared)})
+        line = assert_one_line_failure(run_router("--config", str(write_config(second, doc))))
+        assert f'router.history_db = "{shared}" is in use: another llama-router (pid {os.getpid()})' in line
+        assert "`history_db` in [router] or the HISTORY_DB_PATH environment variable" in line
+        assert not (second / "records").exists()  # refused before any replica started
+
+    # Once the first router has stopped, the database is free again.
+    async with running_router(second, {"b": {"sim": {}}}, router={"history_db": str(shared)}) as rt:
+        assert (await post_chat(rt.client, "b", max_tokens=2)).status_code == 200
