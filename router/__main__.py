@@ -6,9 +6,42 @@ import argparse
 import logging
 import os
 import sys
+import tomllib
+from importlib import metadata
+from pathlib import Path
 
 from .config import ConfigError, load_config
 from .locate import LlamaServerNotFound
+
+
+def package_version() -> str:
+    """The installed package's version; from pyproject.toml when running from a source tree without one."""
+    try:
+        return metadata.version("llama-router")
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        with (Path(__file__).resolve().parent.parent / "pyproject.toml").open("rb") as file:
+            return str(tomllib.load(file)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print the package version and exit 0 (looked up only when asked)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"llama-router {package_version()}")
+        parser.exit(0)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -45,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--config", help="TOML or JSON config (default: $ROUTER_CONFIG_PATH)")
     common.add_argument("--log-level", default=os.environ.get("ROUTER_LOG_LEVEL", "INFO"))
     parser = argparse.ArgumentParser(prog="python -m router", description="llama-router", parents=[common])
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("run", help="run the router (the default)", parents=[common])
     plan = sub.add_parser("plan", help="print the memory plan of every model and exit", parents=[common])

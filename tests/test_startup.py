@@ -1,15 +1,20 @@
-"""The first start: a missing model file stops it (and a reload to one is refused), and every router has a
-history database of its own. Startup failures are one message and exit status 2, never a traceback."""
+"""The first start: --version, a taken port, a missing model file, the history database of each router, and
+`plan`'s exit status. Startup failures are one message and exit status 2, never a traceback."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from router.__main__ import main
 from router.config import default_history_db, load_config
 from tests.harness import (
     REPO,
@@ -40,6 +45,42 @@ def assert_one_line_failure(done: subprocess.CompletedProcess[str], status: int 
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, done.stderr
     return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------------- version
+
+
+def test_version_prints_the_package_version() -> None:
+    with (REPO / "pyproject.toml").open("rb") as file:
+        version = tomllib.load(file)["project"]["version"]
+    done = run_router("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"llama-router {version}\n"
+
+
+def test_the_installed_command_has_the_version_too(capsys: pytest.CaptureFixture[str]) -> None:
+    with (REPO / "pyproject.toml").open("rb") as file:
+        project = tomllib.load(file)["project"]
+    assert project["scripts"]["llama-router"] == "router.__main__:main"
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out == f"llama-router {project['version']}\n"
+
+
+# ------------------------------------------------------------------------------------------------------- port
+
+
+def test_a_taken_port_is_one_line_naming_the_address_and_the_setting(tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        doc = config_document(tmp_path, {"a": {"sim": {}}}, port=port)
+        line = assert_one_line_failure(run_router("--config", str(write_config(tmp_path, doc))))
+    assert f"cannot listen on 127.0.0.1:{port}: the address is already in use" in line
+    assert "`port` in [router] (or ROUTER_PORT)" in line and "`host`" in line
+    assert not (tmp_path / "records").exists()  # nothing was started
 
 
 # ------------------------------------------------------------------------------------------------ model files
@@ -111,3 +152,13 @@ async def test_a_second_router_on_the_same_history_database_is_refused(tmp_path:
     # Once the first router has stopped, the database is free again.
     async with running_router(second, {"b": {"sim": {}}}, router={"history_db": str(shared)}) as rt:
         assert (await post_chat(rt.client, "b", max_tokens=2)).status_code == 200
+
+
+# ------------------------------------------------------------------------------------------------------- plan
+
+
+def test_plan_exits_1_when_a_model_is_refused_or_unreadable(tmp_path: Path) -> None:
+    doc = config_document(tmp_path, {"a": {"sim": {}}})  # a simulated model is no GGUF: verdict "error"
+    done = run_router("plan", "--config", str(write_config(tmp_path, doc)))
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "error" in done.stdout
