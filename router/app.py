@@ -18,7 +18,7 @@ from .errors import error_response, unknown_model
 from .proxy import SAFE_SEGMENT, Proxy
 from .reload import reload_config
 from .runtime import Router
-from .status import models_document, status_document
+from .status import models_document, named_entry, status_document
 from .tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
 
 FORWARDED = (
@@ -158,6 +158,15 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
     @app.route("/models")
     async def models() -> Response:
         return Response(json.dumps(models_document(router.config, router)), content_type="application/json")
+
+    @app.route("/v1/models/<path:model_id>")
+    @app.route("/models/<path:model_id>")
+    async def one_model(model_id: str) -> Response:
+        config = router.config
+        entry = named_entry(config, router, model_id)
+        if entry is None:
+            return unknown_model(model_id, (*config.models, *config.pools))
+        return Response(json.dumps(entry), content_type="application/json")
 
     @app.route("/plan")
     async def plan() -> Response:
