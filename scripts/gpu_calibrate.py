@@ -458,7 +458,7 @@ def reload_check(
     replicas as another process's memory would shrink an automatic context here.
     """
     ctx_before, pids_before = _contexts(client), _pids(status)
-    response = client.post("/reload", timeout=60.0)
+    response = client.post("/reload", json={}, timeout=60.0)
     is_json = response.headers.get("content-type", "").startswith("application/json")
     reply = response.json() if is_json else {"text": response.text[:2000]}
     status_after = _settle(client, RELOAD_SETTLE_TIMEOUT)
