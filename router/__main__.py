@@ -7,6 +7,8 @@ import argparse
 import logging
 import os
 import sys
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
 from .config import ConfigError
@@ -26,6 +28,36 @@ def _source(args: argparse.Namespace) -> ConfigSource | None:
         host=args.host,
         port=args.port,
     )
+
+
+def package_version() -> str:
+    """The installed package's version; from pyproject.toml when running from a source tree without one."""
+    try:
+        return metadata.version("llama-router")
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        with (Path(__file__).resolve().parent.parent / "pyproject.toml").open("rb") as file:
+            return str(tomllib.load(file)["project"]["version"])
+    except (OSError, KeyError, tomllib.TOMLDecodeError):
+        return "unknown"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print the package version and exit 0 (looked up only when asked)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"llama-router {package_version()}")
+        parser.exit(0)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -92,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     # the subcommand (``--models-dir DIR plan``) is not reset by it.
     common = argparse.ArgumentParser(add_help=False)
     _add_common(common, defaults=False)
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("run", help="run the router (the default)", parents=[common])
     plan = sub.add_parser("plan", help="print the memory plan of every model and exit", parents=[common])

@@ -20,7 +20,7 @@ from .reload import reload_config
 from .request_body import BodyError, FieldTypes, body_left_unread, check_fields, parse_object, read_body
 from .request_headers import bad_header, headers_too_large
 from .runtime import Router
-from .status import models_document, replica_log, status_document
+from .status import models_document, named_entry, replica_log, status_document
 from .tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
 
 FORWARDED = (
@@ -182,6 +182,15 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
     @app.route("/models")
     async def models() -> Response:
         return Response(json.dumps(models_document(router.config, router)), content_type="application/json")
+
+    @app.route("/v1/models/<path:model_id>")
+    @app.route("/models/<path:model_id>")
+    async def one_model(model_id: str) -> Response:
+        config = router.config
+        entry = named_entry(config, router, model_id)
+        if entry is None:
+            return unknown_model(model_id, (*config.models, *config.pools))
+        return Response(json.dumps(entry), content_type="application/json")
 
     @app.route("/plan")
     async def plan() -> Response:

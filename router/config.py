@@ -4,14 +4,16 @@
 overrides ROUTER_HOST, ROUTER_PORT, ROUTER_API_KEYS, ROUTER_CORS_ORIGINS, ROUTER_ALLOWED_HOSTS and
 HISTORY_DB_PATH (an empty variable counts as unset). ``config_from_dict`` validates an already parsed
 document. Every problem raises :class:`ConfigError`, whose message names the file, the dotted key, the bad
-value and what is allowed. Model files are not checked for existence here: the placement step reports
-missing files.
+value and what is allowed. Model files are not checked for existence here: ``check_model_files`` does
+that when the configuration is deployed (at startup and on every reload).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -73,8 +75,10 @@ __all__ = [
     "ReasoningEffort",
     "RouterSettings",
     "check_gpu_ids",
+    "check_model_files",
     "config_dir",
     "config_from_dict",
+    "default_history_db",
     "default_state_dir",
     "load_config",
     "read_api_keys",
@@ -92,6 +96,16 @@ def default_state_dir(env: Mapping[str, str] | None = None) -> Path:
         return Path(env["XDG_STATE_HOME"]).expanduser() / "llama-router"
     home = Path(env["HOME"]) if env.get("HOME") else Path.home()
     return home / ".local" / "state" / "llama-router"
+
+
+def default_history_db(config_path: str | Path, env: Mapping[str, str] | None = None) -> Path:
+    """The history database of a router run on ``config_path`` when ``history_db`` is not set:
+    ``<state dir>/<config file stem>-<8 hex digits of the hash of its absolute path>/history.db``, so that
+    routers on different config files never share one."""
+    resolved = Path(config_path).expanduser().resolve()
+    digest = hashlib.sha256(str(resolved).encode("utf-8")).hexdigest()[:8]
+    stem = re.sub(r"[^A-Za-z0-9._-]", "_", resolved.stem).strip(".") or "config"
+    return default_state_dir(env) / f"{stem}-{digest}" / "history.db"
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
@@ -207,7 +221,7 @@ def _router(doc: Doc, table: Mapping[str, Any], env: Mapping[str, str]) -> Route
         if value != ():
             values[spec.name] = Path(value).expanduser() if spec.name == "history_db" else value
     if values["history_db"] is None:
-        values["history_db"] = default_state_dir(env) / "history.db"
+        values["history_db"] = default_history_db(doc.path, env)
     if values["replica_logs"] is None:
         values["replica_logs"] = default_state_dir(env) / "logs"
     values["api_keys"] = _unique(values["api_keys"])
@@ -337,3 +351,22 @@ def check_gpu_ids(config: Config, gpu_ids: Sequence[int]) -> None:
                 f"devices.{gpu} is invalid: GPU {gpu} does not exist; GPUs present: {shown}",
                 key=f"devices.{gpu}",
             )
+
+
+def check_model_files(config: Config) -> None:
+    """Raise ConfigError naming the path when a model's GGUF file is missing or cannot be read."""
+    for model in config.models.values():
+        try:
+            with model.path.open("rb") as file:
+                file.read(1)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            if isinstance(exc, IsADirectoryError):
+                reason = "it is a directory"
+            raise ConfigError(
+                config.path,
+                f"models.{model.name}.model = {render_value(str(model.path))} is invalid: the model file "
+                f"{model.path} cannot be read ({reason}); fix the path (relative paths start at the config "
+                "file's directory) or the file's permissions",
+                key=f"models.{model.name}.model",
+            ) from None

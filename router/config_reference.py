@@ -66,7 +66,10 @@ def reference_markdown() -> str:
         "spill to the CPU), `api-key`/`api-key-file`, `models-dir`/`models-max`, and `device`/`dev` and "
         "`main-gpu`/`mg` (each replica sees only its model's GPUs, renumbered from 0: use `gpus`). "
         "Replicas start in the config file's directory, so relative paths in flag values (`mmproj`, "
-        "`model-draft`, ...) start there too. "
+        "`model-draft`, ...) start there too. At startup and on every reload each key is checked against "
+        "the flags the configured llama-server lists in its `--help` (read once per binary and cached): a "
+        "key it does not accept is an error with the closest flag or key (`paralel` → `parallel`); a binary "
+        "whose `--help` lists no flags skips the check with a warning. "
         "`cache-type-k`/`ctk` and `cache-type-v`/`ctv` must be one of "
         + ", ".join(f"`{t}`" for t in CACHE_TYPES)
         + " (or `false`, which drops a default and leaves llama-server's `f16`).",

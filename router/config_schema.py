@@ -350,9 +350,13 @@ ROUTER_KEYS: tuple[KeySpec, ...] = (
         "history_db",
         PATH,
         None,
-        "SQLite file of the request history.",
+        "SQLite file of the request history. In the default, NAME-HASH is the config file's name without "
+        "extension and 8 hex digits of the SHA-256 of its absolute path, so routers run on different files "
+        "never share a database. A router started on a database another router is writing is refused "
+        "(choose another with this key or HISTORY_DB_PATH). Changes with a restart.",
         env="HISTORY_DB_PATH",
-        default_text="$XDG_STATE_HOME/llama-router/history.db (~/.local/state/llama-router/history.db)",
+        default_text="$XDG_STATE_HOME/llama-router/NAME-HASH/history.db (XDG_STATE_HOME unset: "
+        "~/.local/state)",
     ),
     KeySpec("history_max_rows", INTEGER, 100000, "Most requests the history keeps; the oldest go first.", 1),
     KeySpec(

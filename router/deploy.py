@@ -1,8 +1,9 @@
 """A deployment: everything decided from one configuration before the router uses it.
 
 ``prepare(config)`` locates llama-server, plans placement, builds the scheduler's settings and the launch
-recipe of every model, and refuses what cannot work (unknown GPU ids, pinned models that cannot all stay
-resident). Startup uses it once; a reload uses it again for the new file and swaps only when it succeeds.
+recipe of every model, and refuses what cannot work (a model file that cannot be read, a pass-through key
+that is no flag of that llama-server, unknown GPU ids, pinned models that cannot all stay resident).
+Startup uses it once; a reload uses it again for the new file and swaps only when it succeeds.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import attrs
 
 from statemachine import Settings
 
-from .config import Config, check_gpu_ids, read_api_keys
+from .config import Config, check_gpu_ids, check_model_files, read_api_keys
 from .gpu_monitor import GpuMonitor, Ours
 from .launch import ModelLaunch, check_pinned, launches, scheduler_settings
 from .locate import find_llama_server
 from .placement_bridge import plan
+from .server_flags import accepted_flags, check_flags
 
 log = logging.getLogger("router")
 
@@ -37,7 +39,11 @@ def prepare(config: Config, monitor: GpuMonitor | None = None, ours: Ours | None
     """Everything decided from ``config``; ``monitor`` and ``ours`` as for
     :func:`router.placement_bridge.plan` (a reload passes the running router's, so that its own replicas
     do not count against the budgets)."""
-    binary = str(find_llama_server(config.router.llama_server))
+    binary = find_llama_server(config.router.llama_server)
+    accepted = accepted_flags(binary)
+    if accepted is not None:
+        check_flags(config, binary, accepted)
+    check_model_files(config)
     ids, budgets, decisions, document = plan(config, monitor, ours)
     check_gpu_ids(config, ids)
     settings = scheduler_settings(config, ids, decisions, budgets)
@@ -46,7 +52,7 @@ def prepare(config: Config, monitor: GpuMonitor | None = None, ours: Ours | None
         if decision.refusal:
             log.error("model %s cannot be served: %s", name, decision.refusal)
     keys = tuple(key.encode() for key in read_api_keys(config))
-    return Deployment(config, settings, launches(config, binary, ids, decisions), document, keys)
+    return Deployment(config, settings, launches(config, str(binary), ids, decisions), document, keys)
 
 
 def changed_models(old: Deployment, new: Deployment) -> frozenset[str]:

@@ -3,8 +3,9 @@
 Reads every model's GGUF header, gathers GPU budgets (NVML, declared ``[devices.N]``, or host memory on a
 machine without GPUs) and turns each model's plan into what the scheduler and the launcher need: the context
 and layer count to start with, the bytes per GPU one replica takes, and the refusal text for a model that
-can never fit. A file that is not a readable GGUF (a missing file, say) gets no prediction: it is started
-with its configured context and its load reports the problem.
+can never fit. A file that is not a readable GGUF gets no prediction: it is started with its configured
+context and its load reports the problem (a missing or unreadable file never gets this far when the router
+runs: ``router.config.check_model_files`` refuses the configuration; ``plan`` reports it as an error).
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ from collections.abc import Callable
 import httpx
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve
+from hypercorn.config import Sockets
+from hypercorn.trio.run import worker_serve
+from hypercorn.utils import wrap_app
 
 from . import hypercorn_fixes
 from .app import create_app
@@ -23,6 +25,8 @@ from .config_source import ConfigSource
 from .dash import register_dash, start_observers
 from .deploy import prepare
 from .gpu_monitor import GpuMonitor
+from .history_lock import history_lock
+from .listen import ListenError, open_sockets
 from .reload import reload_config
 from .request_headers import HEADERS_LIMIT
 from .runtime import Router
@@ -72,16 +76,24 @@ async def run_server(
     on_ready: Callable[[str], None] | None = None,
     router: Router | None = None,
     source: ConfigSource | None = None,
+    sockets: Sockets | None = None,
 ) -> None:
+    """Serve until shutdown. ``source``: where reloads read the configuration again (None: its file).
+    ``sockets``: already listening (``router.listen.open_sockets``); None binds the configured address
+    here. The history database is held for this router (``history_lock``) first."""
     hypercorn_fixes.apply(config.router.send_timeout, connection_budget(config))
-    router = router or build_router(config, source)
     try:
-        await _serve_router(config, router, on_ready)
+        with history_lock(config):
+            router = router or build_router(config, source)
+            await _serve_router(config, router, on_ready, sockets)
     finally:
-        router.gpus.close()
+        if router is not None:
+            router.gpus.close()
 
 
-async def _serve_router(config: Config, router: Router, on_ready: Callable[[str], None] | None) -> None:
+async def _serve_router(
+    config: Config, router: Router, on_ready: Callable[[str], None] | None, sockets: Sockets | None
+) -> None:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     timeout = httpx.Timeout(connect=10.0, read=config.router.reply_timeout, write=60.0, pool=None)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client, trio.open_nursery() as nursery:
@@ -135,13 +147,20 @@ async def _serve_router(config: Config, router: Router, on_ready: Callable[[str]
         log.info("llama-router listening on %s", url)
         if on_ready is not None:
             on_ready(url)
-        await serve(app, hc, shutdown_trigger=http_done.wait)
+        await worker_serve(
+            wrap_app(app, hc.wsgi_max_body_size, None), hc, sockets=sockets, shutdown_trigger=http_done.wait
+        )
         nursery.cancel_scope.cancel()
 
 
 def main_run(config: Config, source: ConfigSource | None = None) -> int:
+    """Run the router; the listening socket is bound first, so a taken port fails before anything starts."""
     try:
-        trio.run(functools.partial(run_server, config, source=source))
+        sockets = open_sockets(hypercorn_config(config), config.router.host, config.router.port)
+    except ListenError as exc:
+        return fail(str(exc))
+    try:
+        trio.run(functools.partial(run_server, config, source=source, sockets=sockets))
     except KeyboardInterrupt:
         return 130
     return 0

@@ -10,7 +10,7 @@ import trio
 
 from statemachine import State
 
-from .config import Config
+from .config import Config, resolve_name
 from .runtime import Router
 
 LOG_TAIL_BYTES = 1 << 20  # most of a replica's log file that /logs/{replica} sends
@@ -59,43 +59,60 @@ def model_state(state: State, model: str) -> str:
     return "unloaded"
 
 
-def models_document(config: Config, router: Router) -> dict[str, Any]:
+def model_entry(config: Config, router: Router, name: str, created: int) -> dict[str, Any]:
+    """One model of /v1/models (and GET /v1/models/{id})."""
     state = router.state
+    model = config.models[name]
+    entry: dict[str, Any] = {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "llama-router",
+        "state": model_state(state, name),
+        "gpus": list(state.settings.models[name].gpus),
+        "aliases": list(model.aliases),
+        "parallel": model.parallel,
+        "ctx": router.launches[name].ctx,
+    }
+    if model.pricing is not None:
+        entry["pricing"] = {k: v for k, v in attrs.asdict(model.pricing).items() if v is not None}
+    if model.reasoning_effort is not None:
+        entry["reasoning_effort"] = attrs.asdict(model.reasoning_effort)
+    return entry
+
+
+def pool_entry(config: Config, router: Router, name: str, created: int) -> dict[str, Any]:
+    """One pool of /v1/models (and GET /v1/models/{id})."""
+    pool = config.pools[name]
+    ready = any(model_state(router.state, m) == "ready" for m in pool.members)
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "llama-router",
+        "pool": list(pool.members),
+        "fallback": pool.fallback,
+        "aliases": list(pool.aliases),
+        "state": "ready" if ready else "unloaded",
+    }
+
+
+def models_document(config: Config, router: Router) -> dict[str, Any]:
     created = int(time.time())
-    data: list[dict[str, Any]] = []
-    for name, model in config.models.items():
-        entry: dict[str, Any] = {
-            "id": name,
-            "object": "model",
-            "created": created,
-            "owned_by": "llama-router",
-            "state": model_state(state, name),
-            "gpus": list(state.settings.models[name].gpus),
-            "aliases": list(model.aliases),
-            "parallel": model.parallel,
-            "ctx": router.launches[name].ctx,
-        }
-        if model.pricing is not None:
-            entry["pricing"] = {k: v for k, v in attrs.asdict(model.pricing).items() if v is not None}
-        if model.reasoning_effort is not None:
-            entry["reasoning_effort"] = attrs.asdict(model.reasoning_effort)
-        data.append(entry)
-    for name, pool in config.pools.items():
-        data.append(
-            {
-                "id": name,
-                "object": "model",
-                "created": created,
-                "owned_by": "llama-router",
-                "pool": list(pool.members),
-                "fallback": pool.fallback,
-                "aliases": list(pool.aliases),
-                "state": "ready"
-                if any(model_state(state, m) == "ready" for m in pool.members)
-                else "unloaded",
-            }
-        )
+    data = [model_entry(config, router, name, created) for name in config.models]
+    data += [pool_entry(config, router, name, created) for name in config.pools]
     return {"object": "list", "data": data}
+
+
+def named_entry(config: Config, router: Router, name: str) -> dict[str, Any] | None:
+    """The /v1/models entry of a model or pool named ``name`` or one of its aliases; None when unknown."""
+    target = resolve_name(config, name)
+    if target is None:
+        return None
+    created = int(time.time())
+    if target in config.models:
+        return model_entry(config, router, target, created)
+    return pool_entry(config, router, target, created)
 
 
 def status_document(config: Config, router: Router) -> dict[str, Any]:

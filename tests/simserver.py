@@ -5,6 +5,9 @@ file, which for the simulator is a small JSON document.
 
 Run it as ``python tests/simserver.py --host 127.0.0.1 --port N -m MODEL.json -c CTX -np SLOTS ...``.
 Unknown flags (``--flag value``, ``--flag=value`` or a bare ``--flag``) are accepted and ignored.
+``--help`` (``-h``, ``--usage``) prints the help text of llama-server b11434 (``llama-server-help.txt``
+next to this file) and exits, so the router's check of pass-through flags sees the flags a real
+llama-server accepts.
 
 Tokenisation rule, used everywhere (prompts, /tokenize, the prompt cache, context checks): one token per
 whitespace-separated word (``str.split()``); a token's id is the CRC-32 of the word's UTF-8 bytes. Generated
@@ -37,6 +40,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 BUILD_INFO = "b0-sim"
+HELP_TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama-server-help.txt")
+HELP_FLAGS = frozenset({"-h", "--help", "--usage"})
 CHAT_TEMPLATE = "chatml"
 
 
@@ -1520,6 +1525,11 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if HELP_FLAGS & set(argv[1:]):
+        with open(HELP_TEXT, "rb") as f:
+            sys.stdout.buffer.write(f.read())
+        sys.stdout.flush()
+        return 0
     options = parse_args(argv[1:])
     problem: str | None = None
     behaviour: Behaviour | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import re
 import tomllib
@@ -447,9 +448,10 @@ def test_values_and_defaults() -> None:
         name="qwen", path=Path("/models/qwen.gguf"), parallel=4, aliases=("qwen-latest",)
     )
     assert qwen.gpus == (0,) and qwen.ctx is None and qwen.gpu_layers is None and qwen.ttl is None
+    digest = hashlib.sha256(FILE.encode()).hexdigest()[:8]
     assert config.router == RouterSettings(
         num_gpus=2,
-        history_db=Path("/home/u/.local/state/llama-router/history.db"),
+        history_db=Path(f"/home/u/.local/state/llama-router/llama-router-{digest}/history.db"),
         replica_logs=Path("/home/u/.local/state/llama-router/logs"),
     )
     assert config.pools["chat"].members == ("qwen", "small")
@@ -598,7 +600,7 @@ def test_empty_environment_variables_count_as_unset() -> None:
     assert config.router.host == "127.0.0.1"
     assert config.router.port == 8080
     assert config.router.api_keys == ("file-key",)
-    assert config.router.history_db == Path("/state/llama-router/history.db")
+    assert config.router.history_db.parent.parent == Path("/state/llama-router")
 
 
 @pytest.mark.parametrize(("value", "rule"), [("abc", "an integer between 0"), ("99999", "and 65535")])

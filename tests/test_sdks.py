@@ -60,6 +60,16 @@ async def test_openai_chat_completion_stream(handle: RouterHandle) -> None:
     assert finish == "length"
 
 
+async def test_openai_models_retrieve(handle: RouterHandle) -> None:
+    async with openai_client(handle) as client:
+        by_name = await client.models.retrieve("chat")
+        by_alias = await client.models.retrieve("gpt-local")
+        with pytest.raises(openai.NotFoundError) as caught:
+            await client.models.retrieve("missing")
+    assert by_name.id == by_alias.id == "chat" and by_name.object == "model"
+    assert caught.value.status_code == 404
+
+
 async def test_openai_error_reaches_the_sdk_as_its_exception(handle: RouterHandle) -> None:
     async with openai_client(handle) as client:
         with pytest.raises(openai.NotFoundError) as caught:

@@ -1,4 +1,5 @@
-"""The router's HTTP surface: OpenAI-shaped errors, /v1/models, /status, /upstream, /unload, keep-alive."""
+"""The router's HTTP surface: OpenAI-shaped errors, /v1/models (and /v1/models/{id}), /status, /upstream,
+/unload, keep-alive."""
 
 from __future__ import annotations
 
@@ -110,6 +111,27 @@ async def test_models_list_shows_state_gpus_aliases_and_pricing(tmp_path: Path) 
     assert pending.response.headers["x-router-model"] == "a"
     assert after["a"]["state"] == "ready" and after["b"]["state"] == "unloaded"
     assert plain == {"a": "ready", "b": "unloaded"}
+
+
+async def test_one_model_or_pool_by_id_or_alias(tmp_path: Path) -> None:
+    models = {"a": {"aliases": ["alpha"], "pricing": {"input": 0.5}, "sim": {}}, "b": {"sim": {}}}
+    pools = {"both": {"members": ["a", "b"], "aliases": ["auto"]}}
+    async with running_router(tmp_path, models, pools=pools) as h:
+        listed = {m["id"]: m for m in (await h.models())["data"]}
+        for asked, expected in (("a", "a"), ("alpha", "a"), ("both", "both"), ("auto", "both")):
+            reply = await h.client.get(f"/v1/models/{asked}")
+            assert reply.status_code == 200, reply.text
+            one = reply.json()
+            assert one == {**listed[expected], "created": one["created"]}, asked
+        assert (await h.client.get("/models/alpha")).json()["id"] == "a"
+        assert (await h.client.get("/v1/models/both")).json()["pool"] == ["a", "b"]
+
+        unknown = await h.client.get("/v1/models/nope")
+        message = assert_openai_error(unknown, 404, "model_not_found")["message"]
+        assert "'nope'" in message and "a, b, both" in message
+        nested = await h.client.get("/v1/models/org/nope")
+        assert "'org/nope'" in assert_openai_error(nested, 404, "model_not_found")["message"]
+        assert h.router.state.replicas == ()  # looking does not load anything
 
 
 async def test_status_shows_queue_residency_replicas_and_recent_events(tmp_path: Path) -> None:

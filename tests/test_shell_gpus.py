@@ -180,9 +180,9 @@ async def test_command_line_carries_router_flags_and_pass_through_flags(tmp_path
             "override-kv": ["a=int:1", "b=int:2"],
             "sim": {},
         },
-        "plain": {"no-mmap": False, "sim": {}},
+        "plain": {"no-warmup": False, "sim": {}},
     }
-    defaults = {"metrics": True, "ctk": "q8_0", "threads": 3, "no-mmap": True}
+    defaults = {"metrics": True, "ctk": "q8_0", "threads": 3, "no-warmup": True}
     router = {"max_models_per_gpu": 2}
     async with running_router(tmp_path, models, router=router, defaults=defaults) as h:
         for name in models:
@@ -200,7 +200,7 @@ async def test_command_line_carries_router_flags_and_pass_through_flags(tmp_path
     assert _value_after(tuned, "-ctk") == "q4_0"  # the model's value replaces the default
     assert _value_after(tuned, "--flash-attn") == "on"
     assert _value_after(tuned, "--threads") == "3"
-    assert "--metrics" in tuned and "--no-mmap" in tuned
+    assert "--metrics" in tuned and "--no-warmup" in tuned
     kv = [tuned[i + 1] for i, word in enumerate(tuned) if word == "--override-kv"]
     assert kv == ["a=int:1", "b=int:2"]
 
@@ -210,4 +210,4 @@ async def test_command_line_carries_router_flags_and_pass_through_flags(tmp_path
     assert _value_after(plain, "-np") == "1"
     assert _value_after(plain, "-ctk") == "q8_0"
     assert "--metrics" in plain
-    assert "--no-mmap" not in plain  # false in the model drops the default
+    assert "--no-warmup" not in plain  # false in the model drops the default
