@@ -287,6 +287,13 @@ async def router_process(
 ) -> AsyncIterator[RouterProcess]:
     """Start ``python -m router --config FILE`` for simulated ``models``; kill it (if still alive) after."""
     doc = config_document(dir, models, router=router, devices=devices, defaults=defaults, pools=pools)
+    async with process_serving(dir, doc) as handle:
+        yield handle
+
+
+@contextlib.asynccontextmanager
+async def process_serving(dir: Path, doc: Mapping[str, Any]) -> AsyncIterator[RouterProcess]:
+    """Write ``doc`` and start ``python -m router --config FILE`` on it; kill it (if still alive) after."""
     path = write_config(dir, doc)
     url = f"http://{doc['router']['host']}:{doc['router']['port']}"
     log_path = dir / "router.log"

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from router.tinymodel import TinyShape
-from tests.harness import RouterHandle, free_port, serving
+from tests.harness import RouterHandle, RouterProcess, free_port, process_serving, serving
 from tests.realenv import require_llama_server, tiny_model
 
 SHAPES = {
@@ -37,6 +37,29 @@ async def real_router(
     devices: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[RouterHandle]:
     """The router on real llama-server replicas of ``models`` (each table may name a ``shape``)."""
+    doc = real_document(dir, models, router=router, pools=pools, devices=devices)
+    async with serving(dir, doc, client_timeout=120.0) as handle:
+        yield handle
+
+
+@contextlib.asynccontextmanager
+async def real_router_process(
+    dir: Path, models: Mapping[str, Mapping[str, Any]], *, router: Mapping[str, Any] | None = None
+) -> AsyncIterator[RouterProcess]:
+    """``python -m router`` in a process of its own, on real llama-server replicas of ``models``."""
+    async with process_serving(dir, real_document(dir, models, router=router)) as handle:
+        yield handle
+
+
+def real_document(
+    dir: Path,
+    models: Mapping[str, Mapping[str, Any]],
+    *,
+    router: Mapping[str, Any] | None = None,
+    pools: Mapping[str, Any] | None = None,
+    devices: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The configuration document for real llama-server replicas of ``models``."""
     binary = require_llama_server()
     tables = {}
     for name, raw in models.items():
@@ -62,8 +85,7 @@ async def real_router(
         doc["pools"] = dict(pools)
     if devices:
         doc["devices"] = dict(devices)
-    async with serving(dir, doc, client_timeout=120.0) as handle:
-        yield handle
+    return doc
 
 
 def long_body(model: str, tokens: int, text: str = "Once upon a time") -> dict[str, Any]:

@@ -8,12 +8,13 @@ import random
 import signal
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
-from tests.harness import RouterHandle, post_chat, stream
-from tests.realharness import long_body, real_router
+from tests.harness import RouterHandle, SseEvent, pid_alive, post_chat, stream, wait_pid_gone
+from tests.realharness import long_body, real_router, real_router_process
 
 pytestmark = pytest.mark.real
 
@@ -108,3 +109,47 @@ async def test_a_replica_killed_mid_stream_ends_the_stream_and_the_next_request_
         assert result.errors and not result.done
         with trio.fail_after(60):
             assert (await post_chat(h.client, "a", max_tokens=2)).status_code == 200
+
+
+async def test_sigterm_drains_a_stream_answers_a_waiter_and_leaves_no_replica(tmp_path: Path) -> None:
+    """python -m router in its own process: SIGTERM mid-stream lets the stream finish, answers a request
+    waiting for a swap 503, stops the replica and exits 0."""
+    models = {"a": {"ctx": 8192}, "b": {"shape": "other"}}
+    async with real_router_process(tmp_path, models, router={"shutdown_grace": 60.0}) as rp:
+        results: dict[str, Any] = {}
+        first = trio.Event()
+
+        async def long() -> None:
+            def seen(event: SseEvent) -> None:
+                if event.data:
+                    first.set()
+
+            results["stream"] = await stream(rp.client, CHAT, long_body("a", 4000), on_event=seen)
+
+        async def waiter() -> None:
+            results["waiter"] = await rp.client.post(CHAT, json=long_body("b", 4))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(long)
+            with trio.fail_after(60):
+                await first.wait()
+            (replica,) = (await rp.status())["replicas"]
+            nursery.start_soon(waiter)
+            await rp.wait_status(lambda s: len(s["queue"]) == 1)  # b waits: its GPU is busy with a
+            rp.signal(signal.SIGTERM)
+            assert await rp.wait_exit(timeout=90) == 0, rp.log_text()[-3000:]
+        reply = results["stream"]
+        assert reply.done and not reply.errors and len(reply.tokens) > 1000
+        assert results["waiter"].status_code == 503
+        assert results["waiter"].json()["error"]["code"] == "shutting_down"
+        await wait_pid_gone(replica["pid"])
+
+
+async def test_a_router_killed_with_sigkill_leaves_no_llama_server(tmp_path: Path) -> None:
+    async with real_router_process(tmp_path, {"a": {}}) as rp:
+        assert (await rp.client.post(CHAT, json=long_body("a", 2))).status_code == 200
+        (replica,) = (await rp.status())["replicas"]
+        assert pid_alive(replica["pid"])
+        rp.signal(signal.SIGKILL)
+        await rp.wait_exit()
+        await wait_pid_gone(replica["pid"])
