@@ -524,16 +524,7 @@ def _unsupported(inp: PlacementInput) -> ModelPlan:
         f"{inp.name}: placement cannot predict the memory of " + "; ".join(inp.unsupported) + ". Remove the "
         "flag (or set it to false in the model's table to drop a [defaults] one) to have the model placed"
     )
-    return ModelPlan(
-        name=inp.name,
-        path=str(inp.path),
-        verdict="refused",
-        message=message,
-        parallel=inp.parallel,
-        num_instance=inp.num_instance,
-        cache_type_k=inp.cache_type_k,
-        cache_type_v=inp.cache_type_v,
-    )
+    return _without_prediction(inp, "refused", message)
 
 
 def _override_message(
@@ -554,11 +545,16 @@ def _override_message(
 
 
 def _error(inp: PlacementInput, reason: str) -> ModelPlan:
+    return _without_prediction(inp, "error", reason)
+
+
+def _without_prediction(inp: PlacementInput, verdict: str, message: str) -> ModelPlan:
+    """A plan with a verdict and its message but no figures (nothing was, or could be, predicted)."""
     return ModelPlan(
         name=inp.name,
         path=str(inp.path),
-        verdict="error",
-        message=reason,
+        verdict=verdict,
+        message=message,
         parallel=inp.parallel,
         num_instance=inp.num_instance,
         cache_type_k=inp.cache_type_k,
