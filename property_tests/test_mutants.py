@@ -9,6 +9,7 @@ source, the test fails and says which mutant to update.
 from __future__ import annotations
 
 import importlib
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -88,8 +89,21 @@ def mutated(module_name: str, original: str, broken: str) -> Iterator[None]:
     saved = dict(vars(module))
     classes = {k: v for k, v in saved.items() if isinstance(v, type) and v.__module__ == module.__name__}
     methods = {cls: dict(vars(cls)) for cls in classes.values()}
+    functions = {
+        k: (v, v.__code__, v.__defaults__)
+        for k, v in saved.items()
+        if isinstance(v, types.FunctionType) and v.__module__ == module.__name__
+    }
     try:
         exec(compile(source.replace(original, broken), module.__file__, "exec"), vars(module))
+        # Functions keep their identity and take the modified code, so that references held elsewhere
+        # (``from .passes import schedule``, the rule table of scheduler.py) run the mutant too.
+        for name, (function, _, _) in functions.items():
+            fresh = vars(module).get(name)
+            if isinstance(fresh, types.FunctionType) and fresh is not function:
+                function.__code__ = fresh.__code__
+                function.__defaults__ = fresh.__defaults__
+                vars(module)[name] = function
         for name, cls in classes.items():
             for attr, value in vars(vars(module)[name]).items():
                 if callable(value):
@@ -97,6 +111,8 @@ def mutated(module_name: str, original: str, broken: str) -> Iterator[None]:
             vars(module)[name] = cls
         yield
     finally:
+        for function, code, defaults in functions.values():
+            function.__code__, function.__defaults__ = code, defaults
         for cls, attrs in methods.items():
             for attr in [a for a in vars(cls) if a not in attrs]:
                 delattr(cls, attr)
