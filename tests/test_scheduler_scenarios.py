@@ -941,3 +941,30 @@ def test_refused_dispatches_keep_their_arrival_places() -> None:
             (RequestFinished(1), [Dispatch(5, 2, "a")]),
         ],
     )
+
+
+def test_lru_age_counts_the_last_dispatch() -> None:
+    """b was loaded and finished first, but a request was dispatched to it at t = 2 and still runs: its age
+    is 2, so lru evicts a (last finished at 1), which is idle and goes at once."""
+    # checks: INV-VICTIM
+    play(
+        Settings(models=[ModelSpec(name) for name in "abcd"], policy=Policy(max_models_per_gpu=3)),
+        [
+            (RequestArrived(1, "b"), [spawn(1, "b", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "b")]),
+            (RequestFinished(1), []),
+            (Tick(1.0), []),
+            (RequestArrived(2, "a"), [spawn(2, "a", 2)]),
+            (ReplicaReady(2), [Dispatch(2, 2, "a")]),
+            (RequestFinished(2), []),
+            (Tick(1.5), []),
+            (RequestArrived(3, "c"), [spawn(3, "c", 3)]),
+            (ReplicaReady(3), [Dispatch(3, 3, "c")]),
+            (RequestFinished(3), []),
+            (Tick(2.0), []),
+            (RequestArrived(4, "b"), [Dispatch(4, 1, "b")]),
+            (Tick(3.0), []),
+            (RequestArrived(5, "d"), [evict(2, "a", "d")]),
+            (ReplicaExited(2, "killed"), [spawn(4, "d", 5)]),
+        ],
+    )
