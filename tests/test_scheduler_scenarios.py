@@ -968,3 +968,30 @@ def test_lru_age_counts_the_last_dispatch() -> None:
             (ReplicaExited(2, "killed"), [spawn(4, "d", 5)]),
         ],
     )
+
+
+def test_a_resident_with_later_queued_work_goes_after_an_idle_one() -> None:
+    """c waits (grace 5 s) to replace a, the least recently used, which is busy. A later request for a then
+    queues: a now has queued work, so b goes instead, at once (it is idle). The later request does not
+    protect a (it came after c's), so only the queued-work rule decides."""
+    # checks: INV-VICTIM
+    settings = Settings(
+        models=[ModelSpec(name) for name in "abc"], policy=Policy(max_models_per_gpu=2, queue_head_grace=5.0)
+    )
+    play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (Tick(1.0), []),
+            (RequestArrived(2, "b"), [spawn(2, "b", 2)]),
+            (ReplicaReady(2), [Dispatch(2, 2, "b")]),
+            (RequestFinished(2), []),
+            (Tick(2.0), []),
+            (RequestArrived(3, "c"), [WakeAt(7.0)]),  # a is the victim, but busy: nothing yet
+            (Tick(3.0), []),
+            (RequestArrived(4, "a"), [evict(2, "b", "c")]),
+            (ReplicaExited(2, "killed"), [spawn(3, "c", 3)]),
+            (ReplicaReady(3), [Dispatch(3, 3, "c")]),
+        ],
+    )
