@@ -827,7 +827,7 @@ def test_an_exact_fit_is_loaded_beside_the_resident() -> None:
         devices=[DeviceSpec(0, 100)],
         policy=Policy(max_models_per_gpu=3),
     )
-    play(
+    state = play(
         settings,
         [
             (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
@@ -841,6 +841,7 @@ def test_an_exact_fit_is_loaded_beside_the_resident() -> None:
             (ReplicaExited(2, "killed"), [spawn(3, "c", 3)]),
         ],
     )
+    assert state.used(0) == 100 and state.residents(0) == {"a", "c"}
 
 
 def test_a_second_earlier_shutdown_deadline_wins() -> None:
@@ -995,3 +996,38 @@ def test_a_resident_with_later_queued_work_goes_after_an_idle_one() -> None:
             (ReplicaReady(3), [Dispatch(3, 3, "c")]),
         ],
     )
+
+
+def test_fifo_age_starts_again_when_a_model_comes_back() -> None:
+    """a is loaded first and evicted; loaded again at t = 3 it is the youngest resident, so fifo evicts c
+    (loaded at 2) for b, not a."""
+    # checks: INV-VICTIM
+    settings = Settings(
+        models=[ModelSpec(name) for name in "abc"], policy=Policy(max_models_per_gpu=2, eviction="fifo")
+    )
+    served = [(ReplicaReady(r), [Dispatch(r, r, m)]) for r, m in ((1, "a"), (2, "b"), (3, "c"), (4, "a"))]
+    state = play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            served[0],
+            (RequestFinished(1), []),
+            (Tick(1.0), []),
+            (RequestArrived(2, "b"), [spawn(2, "b", 2)]),
+            served[1],
+            (RequestFinished(2), []),
+            (Tick(2.0), []),
+            (RequestArrived(3, "c"), [evict(1, "a", "c", "fifo")]),
+            (ReplicaExited(1, "killed"), [spawn(3, "c", 3)]),
+            served[2],
+            (RequestFinished(3), []),
+            (Tick(3.0), []),
+            (RequestArrived(4, "a"), [evict(2, "b", "a", "fifo")]),
+            (ReplicaExited(2, "killed"), [spawn(4, "a", 4)]),
+            served[3],
+            (RequestFinished(4), []),
+            (Tick(4.0), []),
+            (RequestArrived(5, "b"), [evict(3, "c", "b", "fifo")]),
+        ],
+    )
+    assert dict(state.loaded_at) == {"a": 3.0, "c": 2.0}
