@@ -2,7 +2,8 @@
 
 - ``ci`` (the default): the main machine runs 1000 examples of up to 50 steps, the liveness machine a quarter
   of that;
-- ``thorough``: ten times as many.
+- ``thorough``: ten times as many;
+- ``mutation``: derandomized, no shrinking, 300 examples (for scripts/mutate_statemachine.py).
 
 The profiles are only registered here, not loaded globally, so other test suites in the same run keep their
 own settings; the machines read the chosen profile through ``property_tests.profiles.machine_settings``.
@@ -10,7 +11,7 @@ own settings; the machines read the chosen profile through ``property_tests.prof
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 _COMMON = {
     "deadline": None,
@@ -20,3 +21,12 @@ _COMMON = {
 
 settings.register_profile("ci", max_examples=1000, **_COMMON)
 settings.register_profile("thorough", max_examples=10_000, **_COMMON)
+# For scripts/mutate_statemachine.py: the same examples every run, no shrinking (a failure is all it needs).
+settings.register_profile(
+    "mutation",
+    max_examples=300,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    **_COMMON,
+)

@@ -9,6 +9,7 @@ source, the test fails and says which mutant to update.
 from __future__ import annotations
 
 import importlib
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -43,7 +44,7 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "passes",
         "                if not replica.inflight:\n                    w.kill(",
         "                if True:\n                    w.kill(",
-        ("INV-KILL-IDLE",),
+        ("INV-KILL-IDLE", "INV-EVICT-NEED"),
     ),
     "dispatch forgets to refresh the cache": (
         "work",
@@ -67,13 +68,79 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "scheduler",
         '            w.reject(request, 404, "model_not_found", message)\n',
         "            pass\n",
-        ("INV-RELOAD",),
+        ("INV-RELOAD", "INV-UNSERVABLE"),
     ),
     "load failure keeps the waiters": (
         "scheduler",
         "    if w.live_replicas(model):\n        return\n    fail_waiters(",
         "    return\n    fail_waiters(",
         ("INV-LOAD-FAILURE",),
+    ),
+    "WakeAt asks for the latest candidate": (
+        "passes",
+        "    at = min(wake) if wake else None",
+        "    at = max(wake) if wake else None",
+        ("INV-WAKE-EARLIEST",),
+    ),
+    "victims from other GPUs": (
+        "passes",
+        "                if gpu in r.gpus and r.phase != STOPPING and r.model != spec.name",
+        "                if r.phase != STOPPING and r.model != spec.name",
+        ("INV-VICTIM", "INV-EVICT-NEED"),
+    ),
+    "a request behind an earlier claim still evicts": (
+        "passes",
+        "        if claiming:\n            blocked |= gpus\n        return\n",
+        "        if claiming:\n            blocked |= gpus\n",
+        ("INV-EVICT-NEED", "INV-VICTIM"),
+    ),
+    "busy victims evicted before the claim": (
+        "passes",
+        "    if claiming or not busy:",
+        "    if True:",
+        ("INV-EVICT-NEED", "INV-VICTIM"),
+    ),
+    "has_queued ignores the model's own queue": (
+        "work",
+        "        if model in queues and queues[model].count:\n            return True\n",
+        "",
+        ("INV-EVICT-NEED", "INV-VICTIM"),
+    ),
+    "an exact fit is refused": (
+        "work",
+        "return budget is None or used <= budget",
+        "return budget is None or used < budget",
+        ("INV-LOAD-FITS", "INV-EVICT-NEED"),
+    ),
+    "loadable flips a sign": (
+        "passes",
+        "- need * live",
+        "+ need * live",
+        ("INV-WAKE-EARLIEST", "INV-UNSERVABLE", "INV-LOAD-FITS"),
+    ),
+    "Startup spawns every replica again": (
+        "scheduler",
+        "        missing = spec.replicas - len(w.live_replicas(spec.name))",
+        "        missing = spec.replicas",
+        ("INV-REPLICAS",),
+    ),
+    "a second, earlier shutdown deadline is ignored": (
+        "scheduler",
+        "min(w.deadline, e.deadline)",
+        "w.deadline",
+        ("INV-WAKE-EARLIEST", "INV-SHUTDOWN"),
+    ),
+    "load failures answered 502": (
+        "scheduler",
+        '503, "load_failed")',
+        '502, "load_failed")',
+        ("INV-ANSWER",),
+    ),
+    "a refused dispatch of a removed target answered 503": (
+        "recovery",
+        'w.reject(request, 404, "model_not_found", message)',
+        'w.reject(request, 503, "model_not_found", message)',
+        ("INV-ANSWER", "INV-REDISPATCH"),
     ),
 }
 
@@ -88,8 +155,21 @@ def mutated(module_name: str, original: str, broken: str) -> Iterator[None]:
     saved = dict(vars(module))
     classes = {k: v for k, v in saved.items() if isinstance(v, type) and v.__module__ == module.__name__}
     methods = {cls: dict(vars(cls)) for cls in classes.values()}
+    functions = {
+        k: (v, v.__code__, v.__defaults__)
+        for k, v in saved.items()
+        if isinstance(v, types.FunctionType) and v.__module__ == module.__name__
+    }
     try:
         exec(compile(source.replace(original, broken), module.__file__, "exec"), vars(module))
+        # Functions keep their identity and take the modified code, so that references held elsewhere
+        # (``from .passes import schedule``, the rule table of scheduler.py) run the mutant too.
+        for name, (function, _, _) in functions.items():
+            fresh = vars(module).get(name)
+            if isinstance(fresh, types.FunctionType) and fresh is not function:
+                function.__code__ = fresh.__code__
+                function.__defaults__ = fresh.__defaults__
+                vars(module)[name] = function
         for name, cls in classes.items():
             for attr, value in vars(vars(module)[name]).items():
                 if callable(value):
@@ -97,6 +177,8 @@ def mutated(module_name: str, original: str, broken: str) -> Iterator[None]:
             vars(module)[name] = cls
         yield
     finally:
+        for function, code, defaults in functions.values():
+            function.__code__, function.__defaults__ = code, defaults
         for cls, attrs in methods.items():
             for attr in [a for a in vars(cls) if a not in attrs]:
                 delattr(cls, attr)
@@ -110,6 +192,7 @@ def mutated(module_name: str, original: str, broken: str) -> Iterator[None]:
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_a_broken_scheduler_is_caught(name: str) -> None:
     # checks: INV-ORDER INV-LEAST-LOADED INV-KILL-IDLE INV-INDEX INV-LOAD-FAILURE INV-POOL-PRIORITY INV-RELOAD
+    # checks: INV-WAKE-EARLIEST INV-VICTIM INV-EVICT-NEED INV-LOAD-FITS INV-REPLICAS INV-ANSWER
     module_name, original, broken, ids = MUTANTS[name]
     search = settings(
         max_examples=1000,

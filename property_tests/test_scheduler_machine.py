@@ -170,10 +170,35 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.feed(ReplicaReady(self.pick(data, self.w.replicas_where(lambda r: r.loading))))
 
     @precondition(lambda self: self.world is not None and bool(self.w.outstanding(RUNNING)))
-    @rule(data=st.data())
-    def dispatch_failed(self, data: st.DataObject) -> None:
-        """The shell could not reach the replica a request went to (connection refused)."""
-        self.feed(DispatchFailed(self.pick(data, self.w.outstanding(RUNNING)), "connection refused"))
+    @rule(data=st.data(), situation=st.sampled_from(("plain", "plain", "shutdown", "removed", "refused")))
+    def dispatch_failed(self, data: st.DataObject, situation: str) -> None:
+        """The shell could not reach the replica a request went to (connection refused); sometimes first the
+        router begins to shut down, or a reload removes the request's target or refuses every candidate."""
+        rid = self.pick(data, self.w.outstanding(RUNNING))
+        request = self.w.requests[rid]
+        current = self.w.settings
+        if situation == "shutdown" and len(self.events) >= 25:
+            self.feed(ShutdownRequested(self.w.now + data.draw(st.sampled_from((0.0, 5.0)))))
+        elif situation == "removed":
+            specs = [m for m in current.models.values() if m.name != request.target]
+            pools = [
+                attrs.evolve(p, members=tuple(m for m in p.members if m != request.target))
+                for p in current.pools.values()
+                if p.name != request.target and set(p.members) - {request.target}
+            ]
+            if specs:
+                restart = frozenset({request.target} & set(current.models))
+                self.feed(SettingsChanged(attrs.evolve(current, models=specs, pools=pools), restart))
+        elif situation == "refused":
+            pool = current.pools.get(request.target)
+            members = set(pool.members) if pool is not None else {request.target}
+            specs = [
+                attrs.evolve(m, refusal="placement: no longer fits") if m.name in members else m
+                for m in current.models.values()
+            ]
+            self.feed(SettingsChanged(attrs.evolve(current, models=specs)))
+        if self.w.requests[rid].status == RUNNING:
+            self.feed(DispatchFailed(rid, "connection refused"))
 
     @precondition(lambda self: self.world is not None and bool(self.w.replicas_where(lambda r: r.loading)))
     @rule()
@@ -213,6 +238,12 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.world is not None and not self.w.shutting_down and len(self.events) >= 25)
     @rule(delay=st.sampled_from((0.0, 1.0, 5.0)))
     def shutdown(self, delay: float) -> None:
+        self.feed(ShutdownRequested(self.w.now + delay))
+
+    @precondition(lambda self: self.world is not None and self.w.shutting_down and not self.w.stopped)
+    @rule(delay=st.sampled_from((-1.0, 0.0, 1.0, 10.0)))
+    def shutdown_again(self, delay: float) -> None:
+        """A second shutdown request; an earlier deadline replaces the first."""
         self.feed(ShutdownRequested(self.w.now + delay))
 
     @rule()
@@ -269,6 +300,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         options += [RequestFinished(rid) for rid in w.outstanding(WAITING)]
         options += [RequestArrived(rid, UNKNOWN_TARGET) for rid in w.outstanding(WAITING, RUNNING)]
         options += [ClientGone(rid) for rid in w.outstanding(CLOSING)]
+        options += [DispatchFailed(rid, "x") for rid in [self.next_rid, *w.outstanding(WAITING, CLOSING)]]
         options += [ReplicaReady(r) for r in w.replicas_where(lambda r: not r.loading)]
         options += [LoadFailed(r, "x") for r in w.replicas_where(lambda r: not r.loading)]
         options += [ReplicaUnresponsive(r, "x") for r in w.replicas_where(lambda r: r.loading)]
@@ -378,6 +410,25 @@ class SchedulerMachine(RuleBasedStateMachine):
     def inv_lifecycle(self) -> None:
         # checks: INV-CANCEL INV-LOAD-FAILURE INV-WAKE INV-IDS INV-GPUS
         self.expect("INV-CANCEL", "INV-LOAD-FAILURE", "INV-WAKE", "INV-IDS", "INV-GPUS")
+
+    @invariant()
+    def inv_economy(self) -> None:
+        """Evictions make only the room a load needs, victims are the ones the policy names, a model that
+        fits is loaded, an unservable request is answered, no model gets more replicas than it may have."""
+        # checks: INV-EVICT-NEED INV-VICTIM INV-LOAD-FITS INV-UNSERVABLE INV-REPLICAS
+        self.expect("INV-EVICT-NEED", "INV-VICTIM", "INV-LOAD-FITS", "INV-UNSERVABLE", "INV-REPLICAS")
+
+    @invariant()
+    def inv_answers(self) -> None:
+        """Every Reject carries the status of its code and the code its situation calls for."""
+        # checks: INV-ANSWER
+        self.expect("INV-ANSWER")
+
+    @invariant()
+    def inv_wake(self) -> None:
+        """The scheduler waits for the earliest of the deadlines the world can see."""
+        # checks: INV-WAKE-EARLIEST
+        self.expect("INV-WAKE-EARLIEST")
 
     @invariant()
     def inv_reload(self) -> None:

@@ -49,6 +49,16 @@ ORPHANED = "orphaned"  # its replica exited during this step; a Reject must foll
 TERMINAL = ("finished", "rejected", "left", "closed")
 
 _SPAWN_FOR = re.compile(r"^request (\d+) for ")
+_EVICTED = re.compile(r"^evicted \((\w+)\) to load '(.+)' on GPU (.*)$")
+ANSWERS = {
+    "queue_full": 503,
+    "model_not_found": 404,
+    "shutting_down": 503,
+    "load_failed": 503,
+    "replica_exited": 502,
+    "model_unavailable": 503,
+    "context_length_exceeded": 400,
+}
 
 Findings = dict[str, list[str]]
 
@@ -87,6 +97,7 @@ class RequestView:
     replica: int | None = None
     outcome: str | None = None
     put_back: bool = False  # waiting again after a DispatchFailed
+    model: str | None = None  # the model it was dispatched to
 
 
 def eligible(settings: Settings, target: str, tokens: int | None) -> list[str]:
@@ -120,6 +131,8 @@ class World:
     wake: float | None = None
     dispatched: set[int] = attrs.Factory(set)
     spawned_ids: set[int] = attrs.Factory(set)
+    last_used: dict[str, float] = attrs.Factory(dict)  # model -> its last dispatch or finish (lru age)
+    loaded_at: dict[str, float] = attrs.Factory(dict)  # model -> when its residency began (fifo age, ttl)
 
     # --------------------------------------------------------------------------------------- queries
     def waiting(self) -> list[RequestView]:
@@ -143,23 +156,30 @@ class World:
     def used(self, gpu: int) -> int:
         return sum(r.spec.need_on(gpu) for r in self.replicas.values() if gpu in r.gpus)
 
+    def fits(self, spec: ModelSpec, gpu: int, extra: int, gone: set[str], count_killed: bool = True) -> bool:
+        """Would ``extra`` more replicas of ``spec`` fit on ``gpu`` (cap and budget, equality fits) once the
+        models in ``gone`` left, counting killed replicas that have not exited yet unless told not to?"""
+        residents = {spec.name}
+        used = spec.need_on(gpu) * extra
+        for r in self.replicas.values():
+            if gpu in r.gpus and r.model not in gone and (count_killed or not r.killed):
+                residents.add(r.model)
+                used += r.spec.need_on(gpu)
+        budget = self.settings.budget(gpu)
+        cap = self.settings.policy.max_models_per_gpu
+        return len(residents) <= cap and (budget is None or used <= budget)
+
     def fits_one(self, model: str) -> bool:
         """Would one more replica of ``model`` fit beside everything resident now (cap and budget)?"""
         spec = self.settings.models[model]
-        cap = self.settings.policy.max_models_per_gpu
-        for gpu in spec.gpus:
-            if len(self.residents(gpu) | {model}) > cap:
-                return False
-            budget = self.settings.budget(gpu)
-            if budget is not None and self.used(gpu) + spec.need_on(gpu) > budget:
-                return False
-        return True
+        return all(self.fits(spec, gpu, 1, set()) for gpu in spec.gpus)
 
-    def could_ever_add(self, model: str) -> bool:
-        """Could one more replica of ``model`` run beside the pinned residents that stay (cap and budget)?"""
+    def addable(self, model: str) -> int:
+        """How many more replicas of ``model`` could ever run beside the pinned residents that stay."""
         spec = self.settings.models[model]
         cap = self.settings.policy.max_models_per_gpu
         live = self.live_count(model)
+        best = spec.replicas - live
         for gpu in spec.gpus:
             pinned = [
                 r
@@ -167,19 +187,74 @@ class World:
                 if gpu in r.gpus and r.model != model and r.live and r.spec.pinned
             ]
             if len({r.model for r in pinned}) + 1 > cap:
-                return False
-            budget = self.settings.budget(gpu)
-            need = sum(r.spec.need_on(gpu) for r in pinned)
-            if budget is not None and need + spec.need_on(gpu) * (live + 1) > budget:
-                return False
-        return True
+                return 0
+            budget, need = self.settings.budget(gpu), spec.need_on(gpu)
+            if budget is not None and need:
+                room = budget - sum(r.spec.need_on(gpu) for r in pinned) - need * live
+                best = min(best, max(room // need, 0))
+        return max(best, 0)
+
+    def load_plan(self, request: RequestView) -> tuple[str, int] | None:
+        """The candidate the scheduler loads for ``request`` (first lacking replicas that could get one), and
+        how many replicas of it."""
+        for name in eligible(self.settings, request.target, request.tokens):
+            if self.live_count(name) < self.settings.models[name].replicas:
+                count = self.addable(name)
+                if count:
+                    return name, count
+        return None
 
     def load_target(self, request: RequestView) -> str | None:
-        """The candidate the scheduler loads for ``request``: first lacking replicas that could get one."""
-        for name in eligible(self.settings, request.target, request.tokens):
-            if self.live_count(name) < self.settings.models[name].replicas and self.could_ever_add(name):
-                return name
-        return None
+        plan = self.load_plan(request)
+        return plan[0] if plan else None
+
+    def heads(self) -> list[RequestView]:
+        """The earliest waiting request of each target, in arrival order: the ones a pass places."""
+        seen: set[str] = set()
+        out = []
+        for request in self.waiting():
+            if request.target not in seen:
+                seen.add(request.target)
+                out.append(request)
+        return out
+
+    def has_queued(self, model: str, also: tuple[RequestView, ...] = ()) -> bool:
+        """Requests wait for the model itself or for a pool it belongs to (counting ``also`` as waiting)."""
+        pools = {p.name for p in self.settings.pools.values() if model in p.members}
+        return any(r.target == model or r.target in pools for r in (*self.waiting(), *also))
+
+    def age(self, model: str) -> float:
+        """lru: its last dispatch or finish (else its load); fifo: when its residency began."""
+        loaded = self.loaded_at.get(model, self.now)
+        if self.settings.policy.eviction == "fifo":
+            return loaded
+        return self.last_used.get(model, loaded)
+
+    def busy(self, model: str, also: tuple[RequestView, ...] = ()) -> bool:
+        return self.has_queued(model, also) or any(r.inflight for r in self.of_model(model))
+
+    def victims(
+        self, spec: ModelSpec, count: int, protected: set[str], also: tuple[RequestView, ...] = ()
+    ) -> list[str] | None:
+        """The residents the policy evicts, GPU by GPU, until ``count`` replicas of ``spec`` fit (killed
+        replicas and models that are all leaving not counted); None when no allowed choice is left."""
+        staying = {r.model for r in self.replicas.values() if not r.killed and not r.draining}
+        gone = {r.model for r in self.replicas.values() if r.killed or r.draining} - staying
+        chosen: list[str] = []
+        for gpu in spec.gpus:
+            while not self.fits(spec, gpu, count, gone | set(chosen), count_killed=False):
+                choices = [
+                    m
+                    for m in {r.model for r in self.replicas.values() if gpu in r.gpus and not r.killed}
+                    if m != spec.name
+                    and m not in chosen
+                    and m not in protected
+                    and not (m in self.settings.models and self.settings.models[m].pinned)
+                ]
+                if not choices:
+                    return None
+                chosen.append(min(choices, key=lambda m: (self.has_queued(m, also), self.age(m), m)))
+        return chosen
 
     def claimed(self, request: RequestView) -> bool:
         return self.now >= request.arrived + self.settings.policy.claim_after
@@ -220,13 +295,25 @@ class _Step:
         self.vanished: list[int] = []
         self.dispatches: list[tuple[RequestView, str]] = []
         self.spawns: list[tuple[int, str]] = []
+        self.unavailable: list[RequestView] = []  # answered 503 model_unavailable by this step's pass
+        self.left: list[RequestView] = []  # left the queue during the pass: dispatched, or rejected by it
+        self.position = 0
+
+    def refused_answer(self, request: RequestView) -> tuple[int, str]:
+        """How a request put back by DispatchFailed must be answered when it cannot wait (INV-REDISPATCH)."""
+        if self.w.shutting_down:
+            return 503, "shutting_down"
+        if request.target not in self.s.models and request.target not in self.s.pools:
+            return 404, "model_not_found"
+        return 503, "model_unavailable"
 
     def fail(self, inv: str, message: str) -> None:
         self.found[inv].append(message)
 
     def run(self) -> Findings:
         self.before_commands()
-        for command in self.commands:
+        for position, command in enumerate(self.commands):
+            self.position = position
             self.command(command)
         self.after_commands()
         return dict(self.found)
@@ -258,12 +345,17 @@ class _Step:
         elif isinstance(e, RequestFinished):
             request = w.requests[e.rid]
             self.free_slot(request)
+            if request.model is not None:
+                w.last_used[request.model] = w.now
             self.end(request, "closed" if request.status == CLOSING else "finished")
         elif isinstance(e, DispatchFailed):
             request = w.requests[e.rid]
             replica = w.replicas[request.replica] if request.replica is not None else None
             self.free_slot(request)
+            if request.model is not None:
+                w.last_used[request.model] = w.now
             request.status, request.replica, request.put_back = WAITING, None, True
+            request.model = None
             w.dispatched.discard(e.rid)  # nothing reached the replica: it may be dispatched again
             # It cannot wait when stopping, or when a reload left nothing that could serve it.
             self.put_back_gone = w.shutting_down or not eligible(self.s, request.target, request.tokens)
@@ -283,6 +375,8 @@ class _Step:
                 self.kill_expected = replica.id  # INV-UNRESPONSIVE: it is killed in this very step
         elif isinstance(e, ReplicaExited):
             replica = w.replicas.pop(e.replica)
+            if not w.of_model(replica.model):
+                w.loaded_at.pop(replica.model, None)  # its residency is over
             if replica.loading:
                 self.note_load_failure(replica)
             for rid in sorted(replica.inflight):
@@ -293,6 +387,7 @@ class _Step:
                     request.status = ORPHANED
         elif isinstance(e, UnloadRequested):
             self.unloading = [r.id for r in w.replicas.values() if e.model is None or r.model == e.model]
+            self.mark_draining(self.unloading)
         elif isinstance(e, SettingsChanged):
             self.reload(e)
         elif isinstance(e, ShutdownRequested):
@@ -318,6 +413,14 @@ class _Step:
             r.rid for r in w.waiting() if r.target not in new.models and r.target not in new.pools
         ]
         w.settings = self.s = new
+        self.mark_draining(self.retiring)
+
+    def mark_draining(self, ids: list[int]) -> None:
+        """Replicas an unload or a reload takes out of service: no new work from this step on."""
+        for rid in ids:
+            replica = self.w.replicas.get(rid)
+            if replica is not None and not replica.killed:
+                replica.draining = True
 
     def note_load_failure(self, replica: ReplicaView) -> None:
         others = [r for r in self.w.of_model(replica.model) if r.id != replica.id and r.live]
@@ -375,7 +478,10 @@ class _Step:
         if w.shutting_down:
             self.fail("INV-SHUTDOWN", f"{c} after shutdown began")
         w.spawned_ids.add(c.replica)
+        w.loaded_at.setdefault(c.model, w.now)
         w.replicas[c.replica] = ReplicaView(c.replica, c.model, tuple(c.gpus), spec)
+        if w.live_count(c.model) > spec.replicas:
+            self.fail("INV-REPLICAS", f"{c} gives {c.model} {w.live_count(c.model)} live replicas")
         for gpu in c.gpus:
             residents = w.residents(gpu)
             if len(residents) > self.s.policy.max_models_per_gpu:
@@ -393,6 +499,9 @@ class _Step:
         if replica is None or replica.killed or replica.model != c.model:
             self.fail("INV-KILL-IDLE", f"{c} names no live replica of {c.model}")
             return
+        evicted = _EVICTED.match(c.reason)
+        if evicted:
+            self.eviction(c, evicted.group(1), evicted.group(2), evicted.group(3))
         if replica.inflight:
             forced = isinstance(self.event, UnloadRequested) and self.event.force
             due = w.shutting_down and w.deadline is not None and w.now >= w.deadline
@@ -401,6 +510,71 @@ class _Step:
         if self.kill_expected == c.replica:
             self.kill_expected = None
         replica.killed = True
+
+    def eviction(self, c: Kill, policy: str, model: str, where: str) -> None:
+        """INV-EVICT-NEED, INV-VICTIM: at the first Kill of a run of evictions for one model, work out from
+        the world's view which replicas should go now, and compare with the whole run."""
+        previous = self.commands[self.position - 1] if self.position else None
+        if isinstance(previous, Kill):
+            same = _EVICTED.match(previous.reason)
+            if same and same.group(2) == model:
+                return  # checked with the first Kill of its run
+        run: list[int] = []
+        for command in self.commands[self.position :]:
+            match = _EVICTED.match(command.reason) if isinstance(command, Kill) else None
+            if match is None or match.group(2) != model:
+                break
+            run.append(command.replica)
+        spec = self.s.models.get(model)
+        if spec is None or policy != self.s.policy.eviction or where != ", ".join(map(str, spec.gpus)):
+            self.fail("INV-VICTIM", f"{c} names the wrong policy, model or GPUs")
+            return
+        expectations = self.expected_evictions(spec)
+        if any(run == kills for kills, _ in expectations):
+            return
+        models = {self.w.replicas[rid].model for rid in run if rid in self.w.replicas}
+        needed = [victims for _, victims in expectations if victims]
+        if not needed:
+            self.fail(
+                "INV-EVICT-NEED",
+                f"{c}: no waiting request may evict for {model} now (it fits, or an earlier claim holds "
+                f"GPU {where}); the step kills {run}",
+            )
+        elif any(models == set(victims) for victims in needed):
+            self.fail("INV-EVICT-NEED", f"{c}: kills {run} before the claim although a victim is busy")
+        else:
+            self.fail("INV-VICTIM", f"evictions for {model} kill {run} ({sorted(models)}), expected {needed}")
+
+    def expected_evictions(self, spec: ModelSpec) -> list[tuple[list[int], list[str]]]:
+        """For each waiting request the pass may be placing that loads ``spec`` and whose GPUs no earlier
+        claim holds: (the replicas its swap kills now, its victims)."""
+        w = self.w
+        out: list[tuple[list[int], list[str]]] = []
+        held: set[int] = set()
+        protected = {n for q in self.unavailable for n in eligible(self.s, q.target, q.tokens)}
+        spawned = {rid for rid, _ in self.spawns}
+        for r in w.heads():
+            if r is self.arrival and self.arrival_over_limit:
+                continue  # an overflow request loads nothing and protects nothing
+            protected.update(eligible(self.s, r.target, r.tokens))
+            plan = w.load_plan(r)
+            if plan is None or r.rid in spawned:
+                continue
+            gpus = set(self.s.models[plan[0]].gpus)
+            if plan[0] == spec.name and not held & gpus:
+                victims = w.victims(spec, plan[1], protected) or []
+                kills: list[int] = []
+                if w.claimed(r) or not any(w.busy(v) for v in victims):
+                    kills = [
+                        replica.id
+                        for v in victims
+                        for replica in sorted(w.of_model(v), key=lambda x: x.id)
+                        if not replica.killed and not replica.inflight
+                    ]
+                out.append((kills, victims))
+            if w.claimed(r):
+                held |= gpus
+        return out
 
     def dispatch(self, c: Dispatch) -> None:
         w = self.w
@@ -437,9 +611,11 @@ class _Step:
         if request.target in self.s.pools:
             self.pool_priority(request, c)
         self.dispatches.append((request, c.model))
+        self.left.append(request)
         w.dispatched.add(c.rid)
+        w.last_used[c.model] = w.now
         request.status, request.put_back = RUNNING, False
-        request.replica = c.replica
+        request.replica, request.model = c.replica, c.model
         replica.inflight.add(c.rid)
 
     def pool_priority(self, request: RequestView, c: Dispatch) -> None:
@@ -464,19 +640,56 @@ class _Step:
             if self.arrival is None or c.rid != self.arrival.rid:
                 self.fail("INV-CONSERVATION", f"{c} for a request that never arrived")
             return
+        if ANSWERS.get(c.code) != c.status:
+            self.fail("INV-ANSWER", f"{c}: {c.code} is answered with status {ANSWERS.get(c.code)}")
         if request.status == ORPHANED:
-            if c.status != 502:
+            if (c.status, c.code) != (502, "replica_exited"):
                 self.fail("INV-CONSERVATION", f"{c}: a request whose replica exited ends with 502")
             self.end(request, "rejected")
             return
         if request.status != WAITING:
             self.fail("INV-CONSERVATION", f"{c} for a request that is {request.status}")
+        if c.code in ("model_unavailable", "queue_full"):
+            self.left.append(request)
+        if c.code == "model_unavailable" and eligible(self.s, request.target, request.tokens):
+            self.unservable(request, c)
         self.end(request, "rejected")
         request.outcome = c.code
         if request is self.arrival:
             self.admission(request, c)
         elif c.code == "queue_full":
             self.fail("INV-ADMISSION", f"{c} for a request that had already been admitted")
+        else:
+            self.answer(request, c)
+
+    def unservable(self, request: RequestView, c: Reject) -> None:
+        """INV-UNSERVABLE: 503 model_unavailable only when no candidate is live and none can get a replica."""
+        self.unavailable.append(request)
+        names = eligible(self.s, request.target, request.tokens)
+        plan = self.w.load_plan(request)
+        if plan is not None or any(self.w.live_count(n) for n in names):
+            self.fail("INV-UNSERVABLE", f"{c} although {plan or names} could still serve it")
+
+    def answer(self, request: RequestView, c: Reject) -> None:
+        """INV-ANSWER: a waiting request is answered with the status and code its situation calls for."""
+        e, w = self.event, self.w
+        doomed = self.load_failure[1] if self.load_failure is not None else []
+        if w.shutting_down:
+            expected = (503, "shutting_down")
+        elif (request.rid == self.refused and self.refused_answer(request)[0] == 404) or (
+            isinstance(e, SettingsChanged) and request.rid in self.vanished
+        ):
+            expected = (404, "model_not_found")
+        elif request.rid in doomed:
+            expected = (503, "load_failed")
+            assert self.load_failure is not None
+            reason = e.reason if isinstance(e, LoadFailed | ReplicaExited) else ""
+            if self.load_failure[0] not in c.message or reason not in c.message:
+                self.fail("INV-ANSWER", f"{c} does not name {self.load_failure[0]} and the reason {reason!r}")
+        else:
+            expected = (503, "model_unavailable")
+        if (c.status, c.code) != expected:
+            self.fail("INV-ANSWER", f"{c} after {e}, expected {expected}")
 
     def admission(self, request: RequestView, c: Reject) -> None:
         s, w = self.s, self.w
@@ -529,8 +742,12 @@ class _Step:
                     "INV-ADMISSION", f"request {arrival.rid} for {arrival.target!r} admitted, no model fits"
                 )
         if self.refused is not None and self.put_back_gone:
-            if w.requests[self.refused].status != "rejected":
+            refused = w.requests[self.refused]
+            if refused.status != "rejected":
                 self.fail("INV-REDISPATCH", f"request {self.refused} cannot wait again but was not answered")
+            elif refused.outcome != self.refused_answer(refused)[1]:
+                want = self.refused_answer(refused)
+                self.fail("INV-REDISPATCH", f"request {refused.rid} answered {refused.outcome}, not {want}")
         elif self.refused is not None and w.requests[self.refused].status in TERMINAL:
             self.fail(
                 "INV-REDISPATCH", f"request {self.refused} ended although it only needed another replica"
@@ -550,6 +767,7 @@ class _Step:
         if self.state.wake_at is not None and self.state.wake_at != w.wake:
             self.fail("INV-WAKE", f"the scheduler waits for {self.state.wake_at} but asked for {w.wake}")
         self.check_load_failure()
+        self.check_heads()
         self.check_limits()
         self.check_order()
         self.check_drained()
@@ -566,6 +784,86 @@ class _Step:
                 self.fail(
                     "INV-LOAD-FAILURE", f"request {rid} still {request.status} after {model} failed to load"
                 )
+
+    def check_heads(self) -> None:
+        """What the pass left waiting: INV-LOAD-FITS, INV-UNSERVABLE, and the wake-up it asked for."""
+        w, policy = self.w, self.s.policy
+        wake: list[float] = []
+        if w.shutting_down:
+            if w.deadline is not None and w.now < w.deadline:
+                wake.append(w.deadline)
+        elif any(self.s.models[m].pinned for _, m in self.spawns):
+            return  # a pinned model loaded by a later request may have changed what earlier ones can load
+        else:
+            held: set[int] = set()
+            spawned = {rid for rid, _ in self.spawns}
+            protected: set[str] = set()
+            for q in w.heads():
+                plan = w.load_plan(q)
+                names = eligible(self.s, q.target, q.tokens)
+                earlier = [r for r in self.unavailable if r.order < q.order]
+                protected |= set(names).union(*(eligible(self.s, r.target, r.tokens) for r in earlier))
+                if plan is None:
+                    if not any(w.live_count(n) for n in names):
+                        self.fail("INV-UNSERVABLE", f"request {q.rid} waits, but nothing can ever serve it")
+                    continue
+                if q.rid in spawned:
+                    continue
+                name, count = plan
+                spec = self.s.models[name]
+                gpus = set(spec.gpus)
+                if not w.claimed(q):
+                    wake.append(q.arrived + policy.claim_after)
+                if not held & gpus and all(w.fits(spec, g, count, set()) for g in spec.gpus):
+                    self.fail(
+                        "INV-LOAD-FITS",
+                        f"request {q.rid} waits although {count} replica(s) of {name} fit on {sorted(gpus)}",
+                    )
+                elif not held & gpus:
+                    self.missed_eviction(q, spec, count, protected)
+                if w.claimed(q):
+                    held |= gpus
+            wake += self.ttl_wakes()
+        expected = min(wake) if wake else None
+        if self.state.wake_at != expected:
+            self.fail("INV-WAKE-EARLIEST", f"the scheduler wakes at {self.state.wake_at}, not {expected}")
+
+    def missed_eviction(self, q: RequestView, spec: ModelSpec, count: int, protected: set[str]) -> None:
+        """INV-EVICT-NEED, the other half: a head that needs room the policy can make, and may make now (it
+        claims, or no victim is busy), has its victims' idle replicas killed in that step."""
+        w = self.w
+        for rid, model in self.spawns:
+            later = w.requests.get(rid)
+            if (
+                later is not None
+                and later.order > q.order
+                and set(spec.gpus) & set(self.s.models[model].gpus)
+            ):
+                return  # a later request loaded a model there after q was placed: the residents changed
+        also = tuple(r for r in self.left if r.order > q.order)  # still waiting when q was placed
+        victims = w.victims(spec, count, protected, also)
+        if not victims or not (w.claimed(q) or not any(w.busy(v, also) for v in victims)):
+            return
+        idle = [r.id for v in victims for r in w.of_model(v) if not r.killed and not r.inflight]
+        if idle:
+            self.fail(
+                "INV-EVICT-NEED",
+                f"request {q.rid} needs room for {spec.name}: {victims} {idle} were not evicted",
+            )
+
+    def ttl_wakes(self) -> list[float]:
+        """When each idle model with a ttl expires (none loading, none in flight, nothing queued for it)."""
+        w, out = self.w, []
+        for name, spec in self.s.models.items():
+            if spec.ttl is None or spec.pinned:
+                continue
+            replicas = [r for r in w.of_model(name) if not r.killed]
+            if not replicas or any(r.inflight or r.loading for r in replicas) or w.has_queued(name):
+                continue
+            since = max(w.loaded_at.get(name, w.now), w.last_used.get(name, float("-inf")))
+            if since + spec.ttl > w.now:
+                out.append(since + spec.ttl)
+        return out
 
     def check_limits(self) -> None:
         """Requests never dispatched stay within the limits; those put back by DispatchFailed may not."""

@@ -721,3 +721,313 @@ def test_illegal_events_raise_and_leave_the_state_unchanged() -> None:
     # the state still works: the cancelled exchange closes and the next request takes the slot
     state, commands = step(state, RequestFinished(1))
     assert list(commands) == [Dispatch(2, 1, "a")]
+
+
+# ------------------------------------------------------------------------------- economy and choice
+def _three_residents(eviction: str) -> Settings:
+    """a, b, c take 30 of GPU 0's 100 bytes each; d needs 60, so two of them must go."""
+    return Settings(
+        models=[*(ModelSpec(name, need={0: 30}) for name in "abc"), ModelSpec("d", need={0: 60})],
+        devices=[DeviceSpec(0, 100)],
+        policy=Policy(max_models_per_gpu=4, eviction=eviction),
+    )
+
+
+@pytest.mark.parametrize(
+    ("eviction", "victims"), [("lru", ((2, "c"), (1, "b"))), ("fifo", ((1, "b"), (2, "c")))]
+)
+def test_victim_order_with_three_residents(eviction: str, victims: tuple[tuple[int, str], ...]) -> None:
+    """Loaded b, c, a; last used c (t=1), b (t=3), a (t=4). lru evicts c then b, fifo b then c; a stays in
+    both (name order would have evicted a first)."""
+    # checks: INV-VICTIM INV-EVICT-NEED
+    play(
+        _three_residents(eviction),
+        [
+            (RequestArrived(1, "b"), [spawn(1, "b", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "b")]),
+            (RequestFinished(1), []),
+            (Tick(1.0), []),
+            (RequestArrived(2, "c"), [spawn(2, "c", 2)]),
+            (ReplicaReady(2), [Dispatch(2, 2, "c")]),
+            (RequestFinished(2), []),
+            (Tick(2.0), []),
+            (RequestArrived(3, "a"), [spawn(3, "a", 3)]),
+            (ReplicaReady(3), [Dispatch(3, 3, "a")]),
+            (RequestFinished(3), []),
+            (Tick(3.0), []),
+            (RequestArrived(4, "b"), [Dispatch(4, 1, "b")]),
+            (RequestFinished(4), []),
+            (Tick(4.0), []),
+            (RequestArrived(5, "a"), [Dispatch(5, 3, "a")]),
+            (RequestFinished(5), []),
+            (Tick(5.0), []),
+            (RequestArrived(6, "d"), [evict(*victim, "d", eviction) for victim in victims]),
+            (ReplicaExited(victims[0][0], "killed"), []),
+            (ReplicaExited(victims[1][0], "killed"), [spawn(4, "d", 6)]),
+        ],
+    )
+
+
+def _two_replicas_of_a() -> list[tuple[Event, list[Command]]]:
+    """a has two replicas on GPU 0: request 1 runs on replica 1, replica 2 served request 2 and is idle."""
+    return [
+        (RequestArrived(1, "a"), [spawn(1, "a", 1), spawn(2, "a", 1)]),
+        (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+        (ReplicaReady(2), []),
+        (RequestArrived(2, "a"), [Dispatch(2, 2, "a")]),
+        (RequestFinished(2), []),
+    ]
+
+
+def test_a_busy_victim_is_evicted_only_at_the_claim() -> None:
+    """With grace 2 s, b arrives while a still serves request 1: nothing is killed before t = 2; at the claim
+    the idle replica goes, the busy one when its request ends."""
+    # checks: INV-EVICT-NEED INV-WAKE-EARLIEST
+    settings = Settings(
+        models=[ModelSpec("a", replicas=2), ModelSpec("b")], policy=Policy(queue_head_grace=2.0)
+    )
+    play(
+        settings,
+        [
+            *_two_replicas_of_a(),
+            (RequestArrived(3, "b"), [WakeAt(2.0)]),
+            (Tick(1.0), []),
+            (Tick(2.0), [evict(2, "a", "b")]),
+            (RequestFinished(1), [evict(1, "a", "b")]),
+            (ReplicaExited(2, "killed"), []),
+            (ReplicaExited(1, "killed"), [spawn(3, "b", 3)]),
+        ],
+    )
+
+
+def test_idle_victims_are_evicted_at_once_before_the_claim() -> None:
+    """The same, but a is idle when b arrives: both replicas go at once, and b is loaded before its claim."""
+    # checks: INV-EVICT-NEED INV-WAKE-EARLIEST
+    settings = Settings(
+        models=[ModelSpec("a", replicas=2), ModelSpec("b")], policy=Policy(queue_head_grace=2.0)
+    )
+    play(
+        settings,
+        [
+            *_two_replicas_of_a(),
+            (RequestFinished(1), []),
+            (RequestArrived(3, "b"), [evict(1, "a", "b"), evict(2, "a", "b"), WakeAt(2.0)]),
+            (ReplicaExited(1, "killed"), []),
+            (ReplicaExited(2, "killed"), [spawn(3, "b", 3)]),
+        ],
+    )
+
+
+def test_an_exact_fit_is_loaded_beside_the_resident() -> None:
+    """40 + 60 = 100 fits a 100-byte GPU; later c (60) needs room, and evicting b (lru) alone leaves exactly
+    enough beside a."""
+    # checks: INV-LOAD-FITS INV-EVICT-NEED INV-VICTIM
+    settings = Settings(
+        models=[ModelSpec("a", need={0: 40}), ModelSpec("b", need={0: 60}), ModelSpec("c", need={0: 60})],
+        devices=[DeviceSpec(0, 100)],
+        policy=Policy(max_models_per_gpu=3),
+    )
+    state = play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (RequestArrived(2, "b"), [spawn(2, "b", 2)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (ReplicaReady(2), [Dispatch(2, 2, "b")]),
+            (RequestFinished(2), []),
+            (Tick(1.0), []),
+            (RequestFinished(1), []),
+            (RequestArrived(3, "c"), [evict(2, "b", "c")]),
+            (ReplicaExited(2, "killed"), [spawn(3, "c", 3)]),
+        ],
+    )
+    assert state.used(0) == 100 and state.residents(0) == {"a", "c"}
+
+
+def test_a_second_earlier_shutdown_deadline_wins() -> None:
+    """Shutdown at 30, then at 10: the busy replica is killed at 10; a later third one changes nothing."""
+    # checks: INV-SHUTDOWN INV-WAKE-EARLIEST
+    exited = "the replica of 'a' serving this request exited: killed"
+    play(
+        Settings(models=[ModelSpec("a")]),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (ShutdownRequested(30.0), [WakeAt(30.0)]),
+            (ShutdownRequested(10.0), [WakeAt(10.0)]),
+            (ShutdownRequested(20.0), []),
+            (Tick(10.0), [Kill(1, "a", "router shutdown deadline reached")]),
+            (ReplicaExited(1, "killed"), [Reject(1, 502, "replica_exited", exited), Stopped()]),
+        ],
+    )
+
+
+def test_a_reload_that_leaves_no_candidate_answers_a_refused_dispatch() -> None:
+    """Pool p serves only through a; a reload refuses a: the queued pool request is answered 503 at once, and
+    so is the running one when its dispatch turns out refused."""
+    # checks: INV-UNSERVABLE INV-REDISPATCH INV-ANSWER
+    old = Settings(models=[ModelSpec("a")], pools=[PoolSpec("p", ("a",))])
+    new = Settings(
+        models=[ModelSpec("a", refusal="placement: no longer fits")], pools=[PoolSpec("p", ("a",))]
+    )
+    unavailable = "no model can serve this request"
+    play(
+        old,
+        [
+            (RequestArrived(1, "p"), [spawn(1, "a", 1, "p")]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (RequestArrived(2, "p"), []),
+            (SettingsChanged(new), [Reject(2, 503, "model_unavailable", unavailable)]),
+            (
+                DispatchFailed(1, "connection refused"),
+                [Reject(1, 503, "model_unavailable", unavailable), Kill(1, "a", "unloaded")],
+            ),
+        ],
+    )
+
+
+def test_a_refused_dispatch_while_shutting_down_or_after_removal_is_answered() -> None:
+    """A refused dispatch cannot wait again while the router stops (503) or once its model is gone (404)."""
+    # checks: INV-REDISPATCH INV-ANSWER
+    settings = Settings(models=[ModelSpec("a"), ModelSpec("b", gpus=(1,))])
+    start: list[tuple[Event, list[Command]]] = [
+        (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+        (RequestArrived(2, "b"), [spawn(2, "b", 2, gpus=(1,))]),
+        (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+        (ReplicaReady(2), [Dispatch(2, 2, "b")]),
+    ]
+    play(
+        settings,
+        [
+            *start,
+            (ShutdownRequested(10.0), [WakeAt(10.0)]),
+            (
+                DispatchFailed(1, "connection refused"),
+                [shutting_down(1), Kill(1, "a", "router shutting down")],
+            ),
+        ],
+    )
+    removed = "'b' was removed from the configuration and its replica refused the request"
+    play(
+        settings,
+        [
+            *start,
+            (SettingsChanged(Settings(models=[ModelSpec("a")]), frozenset({"b"})), []),
+            (
+                DispatchFailed(2, "connection refused"),
+                [Reject(2, 404, "model_not_found", removed), Kill(2, "b", "unloaded")],
+            ),
+        ],
+    )
+
+
+def test_refused_dispatches_keep_their_arrival_places() -> None:
+    """Requests 1–3 run on a's three slots, 4 and 5 wait. Refused, 2 and then 1 go back in front of 4 and 5,
+    and the new replica takes 1, 2, 4 in arrival order, then 5."""
+    # checks: INV-REDISPATCH INV-QUEUE
+    play(
+        Settings(models=[ModelSpec("a", slots=3)]),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (RequestArrived(2, "a"), [Dispatch(2, 1, "a")]),
+            (RequestArrived(3, "a"), [Dispatch(3, 1, "a")]),
+            (RequestArrived(4, "a"), []),
+            (RequestArrived(5, "a"), []),
+            (DispatchFailed(2, "connection refused"), [spawn(2, "a", 2)]),
+            (DispatchFailed(1, "connection refused"), []),
+            (RequestFinished(3), [Kill(1, "a", "unloaded")]),
+            (ReplicaExited(1, "killed"), []),
+            (ReplicaReady(2), [Dispatch(1, 2, "a"), Dispatch(2, 2, "a"), Dispatch(4, 2, "a")]),
+            (RequestFinished(1), [Dispatch(5, 2, "a")]),
+        ],
+    )
+
+
+def test_lru_age_counts_the_last_dispatch() -> None:
+    """b was loaded and finished first, but a request was dispatched to it at t = 2 and still runs: its age
+    is 2, so lru evicts a (last finished at 1), which is idle and goes at once."""
+    # checks: INV-VICTIM
+    play(
+        Settings(models=[ModelSpec(name) for name in "abcd"], policy=Policy(max_models_per_gpu=3)),
+        [
+            (RequestArrived(1, "b"), [spawn(1, "b", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "b")]),
+            (RequestFinished(1), []),
+            (Tick(1.0), []),
+            (RequestArrived(2, "a"), [spawn(2, "a", 2)]),
+            (ReplicaReady(2), [Dispatch(2, 2, "a")]),
+            (RequestFinished(2), []),
+            (Tick(1.5), []),
+            (RequestArrived(3, "c"), [spawn(3, "c", 3)]),
+            (ReplicaReady(3), [Dispatch(3, 3, "c")]),
+            (RequestFinished(3), []),
+            (Tick(2.0), []),
+            (RequestArrived(4, "b"), [Dispatch(4, 1, "b")]),
+            (Tick(3.0), []),
+            (RequestArrived(5, "d"), [evict(2, "a", "d")]),
+            (ReplicaExited(2, "killed"), [spawn(4, "d", 5)]),
+        ],
+    )
+
+
+def test_a_resident_with_later_queued_work_goes_after_an_idle_one() -> None:
+    """c waits (grace 5 s) to replace a, the least recently used, which is busy. A later request for a then
+    queues: a now has queued work, so b goes instead, at once (it is idle). The later request does not
+    protect a (it came after c's), so only the queued-work rule decides."""
+    # checks: INV-VICTIM
+    settings = Settings(
+        models=[ModelSpec(name) for name in "abc"], policy=Policy(max_models_per_gpu=2, queue_head_grace=5.0)
+    )
+    play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (Tick(1.0), []),
+            (RequestArrived(2, "b"), [spawn(2, "b", 2)]),
+            (ReplicaReady(2), [Dispatch(2, 2, "b")]),
+            (RequestFinished(2), []),
+            (Tick(2.0), []),
+            (RequestArrived(3, "c"), [WakeAt(7.0)]),  # a is the victim, but busy: nothing yet
+            (Tick(3.0), []),
+            (RequestArrived(4, "a"), [evict(2, "b", "c")]),
+            (ReplicaExited(2, "killed"), [spawn(3, "c", 3)]),
+            (ReplicaReady(3), [Dispatch(3, 3, "c")]),
+        ],
+    )
+
+
+def test_fifo_age_starts_again_when_a_model_comes_back() -> None:
+    """a is loaded first and evicted; loaded again at t = 3 it is the youngest resident, so fifo evicts c
+    (loaded at 2) for b, not a."""
+    # checks: INV-VICTIM
+    settings = Settings(
+        models=[ModelSpec(name) for name in "abc"], policy=Policy(max_models_per_gpu=2, eviction="fifo")
+    )
+    served = [(ReplicaReady(r), [Dispatch(r, r, m)]) for r, m in ((1, "a"), (2, "b"), (3, "c"), (4, "a"))]
+    state = play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            served[0],
+            (RequestFinished(1), []),
+            (Tick(1.0), []),
+            (RequestArrived(2, "b"), [spawn(2, "b", 2)]),
+            served[1],
+            (RequestFinished(2), []),
+            (Tick(2.0), []),
+            (RequestArrived(3, "c"), [evict(1, "a", "c", "fifo")]),
+            (ReplicaExited(1, "killed"), [spawn(3, "c", 3)]),
+            served[2],
+            (RequestFinished(3), []),
+            (Tick(3.0), []),
+            (RequestArrived(4, "a"), [evict(2, "b", "a", "fifo")]),
+            (ReplicaExited(2, "killed"), [spawn(4, "a", 4)]),
+            served[3],
+            (RequestFinished(4), []),
+            (Tick(4.0), []),
+            (RequestArrived(5, "b"), [evict(3, "c", "b", "fifo")]),
+        ],
+    )
+    assert dict(state.loaded_at) == {"a": 3.0, "c": 2.0}
