@@ -5,7 +5,7 @@ file, which for the simulator is a small JSON document.
 
 Run it as ``python tests/simserver.py --host 127.0.0.1 --port N -m MODEL.json -c CTX -np SLOTS ...``.
 Unknown flags (``--flag value``, ``--flag=value`` or a bare ``--flag``) are accepted and ignored.
-``--help`` (``-h``, ``--usage``) prints the help text of llama-server b11434 (``llama-server-help.txt``
+``--help`` (``-h``, ``--usage``) prints the flags llama-server b11434 accepts (``llama-server-help.txt``
 next to this file) and exits, so the router's check of pass-through flags sees the flags a real
 llama-server accepts.
 
