@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from router.placement.synthetic import SyntheticModel, write_header_only
 from tests.simserver import BEHAVIOUR_KEYS, SIDECAR_SUFFIX
 
 SIMSERVER = Path(__file__).resolve().with_name("simserver.py")
@@ -49,6 +50,22 @@ def write_sim_sidecar(model_file: Path, **behaviour: Any) -> Path:
     path = model_file.with_name(model_file.name + SIDECAR_SUFFIX)
     path.write_text(json.dumps(data, indent=1))
     return path
+
+
+def write_sim_gguf(dir: Path, stem: str, shape: SyntheticModel, **behaviour: Any) -> Path:
+    """A header-only GGUF of ``shape`` at ``dir/<stem>.gguf`` (placement reads it) whose simulated replica
+    behaves as ``behaviour`` says."""
+    dir.mkdir(parents=True, exist_ok=True)
+    (path,) = write_header_only(dir / f"{stem}.gguf", shape)
+    write_sim_sidecar(path, **behaviour)
+    return path
+
+
+def placed_sim_model(dir: Path, name: str, shape: SyntheticModel, **behaviour: Any) -> str:
+    """:func:`write_sim_gguf` with quick loads, recording its starts under ``dir/../records/<name>`` (where
+    ``RouterHandle.records_of`` looks when ``dir`` is a folder of the test's directory)."""
+    record_dir = str(dir.parent / "records" / name)
+    return str(write_sim_gguf(dir, name, shape, load_delay=0.05, record_dir=record_dir, **behaviour))
 
 
 def sim_launcher(dir: Path) -> Path:

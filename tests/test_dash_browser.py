@@ -26,11 +26,11 @@ import pytest
 import trio
 
 from router.config import config_from_dict
-from router.placement.synthetic import SyntheticModel, write_header_only
+from router.placement.synthetic import SyntheticModel
 from router.runtime import Router
 from router.server import build_router, run_server
 from tests.harness import chat_body, running_router, stream
-from tests.simtools import free_port, sim_launcher, write_sim_sidecar
+from tests.simtools import free_port, sim_launcher, write_sim_gguf
 
 REPO = Path(__file__).resolve().parent.parent
 OUTPUTS = REPO / "outputs"
@@ -69,10 +69,7 @@ def find_browser() -> str:
 
 def gguf_model(dir: Path, name: str, shape: SyntheticModel, **behaviour: Any) -> Path:
     """A header-only GGUF of ``shape`` whose simulated replica behaves as ``behaviour`` says."""
-    dir.mkdir(parents=True, exist_ok=True)
-    (path,) = write_header_only(dir / f"{name}.gguf", shape)
-    write_sim_sidecar(path, name=name, **behaviour)
-    return path
+    return write_sim_gguf(dir, name, shape, name=name, **behaviour)
 
 
 @contextlib.asynccontextmanager

@@ -18,10 +18,10 @@ import trio
 from router.gpu_monitor import GpuMonitor
 from router.gpu_readers import AmdSmiSource, GpuReading, NvmlSource, ProcessUse, SysfsSource
 from router.placement.budgets import measure
-from router.placement.synthetic import SyntheticModel, write_header_only
+from router.placement.synthetic import SyntheticModel
 from tests.fakenvml import FakeNvml, fake_nvml_fixture  # noqa: F401  (the `fake_nvml` fixture)
 from tests.harness import RouterHandle, post_chat, running_router
-from tests.simtools import read_records, write_sim_sidecar
+from tests.simtools import placed_sim_model, read_records
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -33,13 +33,6 @@ BIG = SyntheticModel(
 SMALL = SyntheticModel(
     n_layer=4, n_embd=512, n_head=8, n_head_kv=4, n_ff=2048, n_vocab=1024, n_ctx_train=8192
 )
-
-
-def gguf(dir: Path, name: str, shape: SyntheticModel, **sim: Any) -> str:
-    dir.mkdir(parents=True, exist_ok=True)
-    path = write_header_only(dir / f"{name}.gguf", shape)[0]
-    write_sim_sidecar(path, load_delay=0.05, record_dir=str(dir.parent / "records" / name), **sim)
-    return str(path)
 
 
 # ------------------------------------------------------------------------------------- pure arithmetic
@@ -141,7 +134,13 @@ async def test_reload_with_our_replica_resident_plans_the_same_and_restarts_noth
 ) -> None:
     nvml_host(fake_nvml)
     fake_nvml.set(no_procs=accounting == "baseline")
-    models = {"big": {"model": gguf(tmp_path / "gguf", "big", BIG, gpu_mib=3500), "gpus": [1], "sim": {}}}
+    models = {
+        "big": {
+            "model": placed_sim_model(tmp_path / "gguf", "big", BIG, gpu_mib=3500),
+            "gpus": [1],
+            "sim": {},
+        }
+    }
     async with running_router(tmp_path, models) as h:
         before = (await h.client.get("/plan")).json()
         big = next(m for m in before["models"] if m["name"] == "big")
@@ -174,8 +173,16 @@ async def test_foreign_growth_refuses_the_next_load_with_the_arithmetic(
 ) -> None:
     nvml_host(fake_nvml)
     models = {
-        "big": {"model": gguf(tmp_path / "gguf", "big", BIG, gpu_mib=3000), "gpus": [1], "sim": {}},
-        "small": {"model": gguf(tmp_path / "gguf", "small", SMALL, gpu_mib=100), "gpus": [1], "sim": {}},
+        "big": {
+            "model": placed_sim_model(tmp_path / "gguf", "big", BIG, gpu_mib=3000),
+            "gpus": [1],
+            "sim": {},
+        },
+        "small": {
+            "model": placed_sim_model(tmp_path / "gguf", "small", SMALL, gpu_mib=100),
+            "gpus": [1],
+            "sim": {},
+        },
     }
     async with running_router(tmp_path, models) as h:
         assert (await post_chat(h.client, "small", max_tokens=1)).status_code == 200
@@ -195,7 +202,11 @@ async def test_measured_readings_reach_status_and_the_timeline(tmp_path: Path, f
     nvml_host(fake_nvml)
     fake_nvml.proc(0, 4242, 300)
     models = {
-        "small": {"model": gguf(tmp_path / "gguf", "small", SMALL, gpu_mib=200), "gpus": [0], "sim": {}}
+        "small": {
+            "model": placed_sim_model(tmp_path / "gguf", "small", SMALL, gpu_mib=200),
+            "gpus": [0],
+            "sim": {},
+        }
     }
     async with running_router(tmp_path, models) as h:
         assert (await post_chat(h.client, "small", max_tokens=1)).status_code == 200
@@ -216,7 +227,7 @@ async def test_measured_readings_reach_status_and_the_timeline(tmp_path: Path, f
 
 async def test_an_operator_context_over_budget_loads_anyway(tmp_path: Path, fake_nvml: FakeNvml) -> None:
     nvml_host(fake_nvml)
-    big = gguf(tmp_path / "gguf", "big", BIG)
+    big = placed_sim_model(tmp_path / "gguf", "big", BIG)
     models = {"big": {"model": big, "gpus": [0], "ctx": 131072, "sim": {}}}
     async with running_router(tmp_path, models) as h:
         plan = next(m for m in (await h.client.get("/plan")).json()["models"] if m["name"] == "big")
@@ -239,8 +250,8 @@ async def test_a_gpu_whose_memory_cannot_be_read_is_still_a_gpu(
     """No NVML, no amdsmi, no sysfs: full offload at ctx_default, a warning naming memory_mib; only an
     explicit gpus = [] runs on the CPU."""
     models = {
-        "big": {"model": gguf(tmp_path / "gguf", "big", BIG), "gpus": [0], "sim": {}},
-        "cpu": {"model": gguf(tmp_path / "gguf", "cpu", SMALL), "gpus": [], "sim": {}},
+        "big": {"model": placed_sim_model(tmp_path / "gguf", "big", BIG), "gpus": [0], "sim": {}},
+        "cpu": {"model": placed_sim_model(tmp_path / "gguf", "cpu", SMALL), "gpus": [], "sim": {}},
     }
     async with running_router(tmp_path, models, router={"ctx_default": 8192}) as h:
         assert (await post_chat(h.client, "big", max_tokens=1)).status_code == 200

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import trio
 
-from router.placement.synthetic import SyntheticModel, write_header_only
+from router.placement.synthetic import SyntheticModel
 from tests.harness import post_chat, running_router
-from tests.simtools import read_records, write_sim_sidecar
+from tests.simtools import placed_sim_model, read_records
 
 MIB = 1 << 20
 
@@ -20,17 +20,10 @@ SMALL = SyntheticModel(
 )
 
 
-def _gguf(dir: Path, name: str, shape: SyntheticModel) -> str:
-    dir.mkdir(parents=True, exist_ok=True)
-    path = write_header_only(dir / f"{name}.gguf", shape)[0]
-    write_sim_sidecar(path, load_delay=0.05, record_dir=str(dir.parent / "records" / name))
-    return str(path)
-
-
 async def test_a_model_that_never_fits_is_refused_with_the_arithmetic(tmp_path: Path) -> None:
     models = {
-        "big": {"sim": {}, "model": _gguf(tmp_path / "gguf", "big", BIG), "gpus": [0]},
-        "small": {"sim": {}, "model": _gguf(tmp_path / "gguf", "small", SMALL), "gpus": [0, 1]},
+        "big": {"sim": {}, "model": placed_sim_model(tmp_path / "gguf", "big", BIG), "gpus": [0]},
+        "small": {"sim": {}, "model": placed_sim_model(tmp_path / "gguf", "small", SMALL), "gpus": [0, 1]},
     }
     devices = {"0": {"memory_mib": 1024}, "1": {"memory_mib": 1024}}
     async with running_router(tmp_path, models, devices=devices) as rt:
