@@ -45,7 +45,7 @@ from benchmarks.common import (
     shape_facts,
     summary,
 )
-from router.tinymodel import TinyShape
+from router.cli.tinymodel import TinyShape
 
 SHAPE = TinyShape(n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=128)
 CHAT_PATH = "/v1/chat/completions"

@@ -63,7 +63,7 @@ from benchmarks.common import (
     work_directory,
     write_result,
 )
-from router.tinymodel import TinyShape
+from router.cli.tinymodel import TinyShape
 
 CHAT_PATH = "/v1/chat/completions"
 SHAPES = {

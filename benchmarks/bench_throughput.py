@@ -40,7 +40,7 @@ from benchmarks.common import (
     run_benchmark,
     shape_facts,
 )
-from router.tinymodel import TinyShape
+from router.cli.tinymodel import TinyShape
 
 CHAT_PATH = "/v1/chat/completions"
 SHAPES = {

@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from router.locate import find_llama_server  # noqa: E402
-from router.tinymodel import TinyShape, write_tiny_model  # noqa: E402
+from router.cli.tinymodel import TinyShape, write_tiny_model  # noqa: E402
+from router.hosts.locate import find_llama_server  # noqa: E402
 
 OUTPUTS = ROOT / "outputs"
 READY_TIMEOUT = 90.0

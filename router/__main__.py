@@ -11,9 +11,9 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
-from .config import ConfigError
-from .config_source import ConfigSource
-from .locate import LlamaServerNotFound
+from router.config.load import ConfigError
+from router.config.source import ConfigSource
+from router.hosts.locate import LlamaServerNotFound
 
 NO_CONFIG = "no configuration: pass --config FILE, --models-dir DIR, or set ROUTER_CONFIG_PATH"
 
@@ -61,7 +61,7 @@ class _VersionAction(argparse.Action):
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .server import fail, main_run
+    from router.serve.server import fail, main_run
 
     source = _source(args)
     if source is None:
@@ -73,8 +73,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from .placement_bridge import plan_command
-    from .server import fail
+    from router.deploy.bridge import plan_command
+    from router.serve.server import fail
 
     source = _source(args)
     if source is None:
@@ -83,8 +83,8 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    from .init_config import init_command
-    from .server import fail
+    from router.cli.init_config import init_command
+    from router.serve.server import fail
 
     if args.models_dir is None:
         return fail("init needs --models-dir DIR: the folder whose GGUF files the configuration serves")
@@ -115,7 +115,7 @@ def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "make-model":
-        from .tinymodel import main as make_model
+        from router.cli.tinymodel import main as make_model
 
         return make_model(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m router", description="llama-router")

@@ -43,8 +43,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import machine_facts, print_table, router_process, work_directory  # noqa: E402
-from router.locate import INSTALL_COMMAND, LlamaServerNotFound, find_llama_server, router_home  # noqa: E402
-from router.tinymodel import TinyShape, write_tiny_model  # noqa: E402
+from router.cli.tinymodel import TinyShape, write_tiny_model  # noqa: E402
+from router.hosts.locate import INSTALL_COMMAND, LlamaServerNotFound, find_llama_server, router_home  # noqa: E402
 
 MiB = 1 << 20
 OUTPUT = ROOT / "outputs" / "gpu-calibration.json"

@@ -28,10 +28,10 @@ import attrs
 import httpx
 import trio
 
-from router.config import Config, config_from_dict
-from router.config_source import ConfigSource
-from router.runtime import Router
-from router.server import build_router, run_server
+from router.config.load import Config, config_from_dict
+from router.config.source import ConfigSource
+from router.serve.server import build_router, run_server
+from router.shell.runtime import Router
 from statemachine import State
 from tests.simtools import free_port, sim_launcher, write_sim_model
 

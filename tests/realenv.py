@@ -24,8 +24,8 @@ import attrs
 import httpx
 import pytest
 
-from router.locate import INSTALL_COMMAND, LlamaServerNotFound, find_llama_server, vocab_dir
-from router.tinymodel import TinyShape, vocab_file, write_tiny_model
+from router.cli.tinymodel import TinyShape, vocab_file, write_tiny_model
+from router.hosts.locate import INSTALL_COMMAND, LlamaServerNotFound, find_llama_server, vocab_dir
 
 REQUIRE_REAL_ENV = "LLAMA_ROUTER_REQUIRE_REAL"
 BINARY_ENV = "LLAMA_ROUTER_LLAMA_SERVER"

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from router.tinymodel import TinyShape
+from router.cli.tinymodel import TinyShape
 from tests.harness import RouterHandle, RouterProcess, free_port, process_serving, serving
 from tests.realenv import require_llama_server, tiny_model
 

@@ -1,4 +1,4 @@
-"""Browser safety: pages on other origins, rebound host names and admin actions (router.browser_guard).
+"""Browser safety: pages on other origins, rebound host names and admin actions (router.http.browser_guard).
 
 The rules are checked three ways: as pure functions; against a running router with crafted ``Origin``,
 ``Host`` and ``Sec-Fetch-*`` headers, where the simulated replica (which reflects ``Origin`` like
@@ -25,7 +25,8 @@ import httpx
 import pytest
 import trio
 
-from router.browser_guard import (
+from router.config.load import ConfigError, RouterSettings, config_from_dict
+from router.http.browser_guard import (
     canonical_origin,
     drop_cors,
     host_accepted,
@@ -34,7 +35,6 @@ from router.browser_guard import (
     same_origin,
     split_host,
 )
-from router.config import ConfigError, RouterSettings, config_from_dict
 from tests.harness import RouterHandle, assert_openai_error, chat_body, running_router, stream
 from tests.simtools import read_records
 from tests.test_dash_browser import chromium, find_browser

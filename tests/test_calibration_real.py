@@ -27,9 +27,9 @@ import re
 import attrs
 import pytest
 
+from router.cli.tinymodel import TinyShape
 from router.placement.footprint import CPU, estimate, geometry_from_header
 from router.placement.gguf_header import read_header
-from router.tinymodel import TinyShape
 from tests.realenv import require_llama_server, running_llama_server, tiny_model
 
 pytestmark = pytest.mark.real

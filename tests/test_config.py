@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 import pytest
 
-from router.config import (
+from router.config.load import (
     ALL_GPUS,
     Config,
     ConfigError,
@@ -30,7 +30,7 @@ from router.config import (
     resolve_gpus,
     resolve_name,
 )
-from router.config_schema import DEVICE_KEYS, MODEL_KEYS, POOL_KEYS, ROUTER_KEYS
+from router.config.schema import DEVICE_KEYS, MODEL_KEYS, POOL_KEYS, ROUTER_KEYS
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "full.toml"
@@ -477,6 +477,7 @@ def test_gpu_spellings(value: Any, expected: Any) -> None:
 def test_num_gpus_zero_puts_every_model_on_the_cpu() -> None:
     config = build(setter("router.num_gpus", 0))
     assert {m.gpus for m in config.models.values()} == {()}
+
     def one_gpu(data: dict[str, Any]) -> None:
         setter("router.num_gpus", 1)(data)
         setter("models.qwen.gpus", 1)(data)

@@ -25,10 +25,10 @@ import httpx
 import pytest
 import trio
 
-from router.config import config_from_dict
+from router.config.load import config_from_dict
 from router.placement.synthetic import SyntheticModel
-from router.runtime import Router
-from router.server import build_router, run_server
+from router.serve.server import build_router, run_server
+from router.shell.runtime import Router
 from tests.harness import chat_body, running_router, stream
 from tests.simtools import free_port, sim_launcher, write_sim_gguf
 

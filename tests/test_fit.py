@@ -158,7 +158,7 @@ def test_unknown_budget_reports_the_prediction(model_path: Path) -> None:
     assert plan.ctx == 4096 and plan.gpu_layers == 17
     assert plan.rows[0].budget is None and plan.rows[0].total == need_at(model_path, 4096, n_seq=2)[0]
     assert "memory of GPU 0 cannot be read" in plan.message and "[devices.N] memory_mib" in plan.message
-    bigger = plan_model(PlacementInput("m", model_path, ctx_default=10 ** 6), {0: None})
+    bigger = plan_model(PlacementInput("m", model_path, ctx_default=10**6), {0: None})
     assert bigger.ctx == 32768  # never above the trained context
     given = plan_model(PlacementInput("m", model_path, ctx=8192), {})
     assert given.verdict == "unknown-budget" and given.ctx == 8192 and "as configured" in given.message

@@ -9,7 +9,7 @@ the model in ``x-router-model``); llama-server has its own 500s.
 
 Protocol-level errors — a bad request line, raw bytes in the target, a duplicated Content-Length, a head
 over 64 KiB arriving in pieces — are answered by hypercorn's h11 protocol itself, before any application
-code runs; ``router.hypercorn_fixes`` gives those answers the OpenAI shape too (``h11_refusal``).
+code runs; ``router.serve.hypercorn_fixes`` gives those answers the OpenAI shape too (``h11_refusal``).
 
 The tier is sized to finish in well under a minute on two cores; ``LLAMA_ROUTER_FUZZ_SCALE=10`` runs ten
 times as many examples.
@@ -36,7 +36,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.app import FORWARDED
+from router.http.app import FORWARDED
 from tests.harness import REPO, config_document, running_router, write_config
 
 SCALE = float(os.environ.get("LLAMA_ROUTER_FUZZ_SCALE", "1"))

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import trio
 
-from router.gpu_monitor import GpuMonitor
-from router.gpu_readers import AmdSmiSource, GpuReading, NvmlSource, ProcessUse, SysfsSource
+from router.hosts.gpu_monitor import GpuMonitor
+from router.hosts.gpu_readers import AmdSmiSource, GpuReading, NvmlSource, ProcessUse, SysfsSource
 from router.placement.budgets import measure
 from router.placement.synthetic import SyntheticModel
 from tests.fakenvml import FakeNvml, fake_nvml_fixture  # noqa: F401  (the `fake_nvml` fixture)

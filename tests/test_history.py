@@ -13,8 +13,8 @@ import httpx
 import pytest
 import trio
 
-from router.history import History, HistoryQuery
-from router.records import RequestRecord
+from router.journal.history import History, HistoryQuery
+from router.journal.records import RequestRecord
 from tests.harness import chat_body, running_router, stream
 from tests.test_metrics import parse, scrape, value
 
@@ -253,7 +253,7 @@ async def test_a_row_sqlite_cannot_take_is_lost_and_the_writer_goes_on(tmp_path:
 
 
 def test_bad_status_filters_are_refused() -> None:
-    from router.history import status_range
+    from router.journal.history import status_range
 
     assert status_range("5xx") == (500, 599)
     assert status_range("error") == (400, 999)

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from router.config import ConfigError, ModelConfig, config_from_dict
-from router.llama_args import (
+from router.config.llama_args import (
     cache_types,
     flag_identity,
     gpu_env,
@@ -19,6 +18,7 @@ from router.llama_args import (
     render_flag,
     render_flags,
 )
+from router.config.load import ConfigError, ModelConfig, config_from_dict
 
 ROUTER_FLAGS = ["--fit", "off"]
 
@@ -180,7 +180,7 @@ def test_cache_types(defaults: dict[str, Any], own: dict[str, Any], expected: tu
 @pytest.mark.real
 def test_real_llama_server_accepts_the_argv(tmp_path: Path) -> None:
     """The real binary parses our argv (it then fails only because the model file does not exist)."""
-    from router.locate import LlamaServerNotFound, find_llama_server
+    from router.hosts.locate import LlamaServerNotFound, find_llama_server
 
     try:
         binary = str(find_llama_server(None))

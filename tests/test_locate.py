@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from router import locate
-from router.locate import LlamaServerNotFound, find_llama_server
+from router.hosts import locate
+from router.hosts.locate import LlamaServerNotFound, find_llama_server
 
 
 def make_executable(path: Path, mode: int = 0o755) -> Path:

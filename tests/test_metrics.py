@@ -12,12 +12,12 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.config import config_from_dict
-from router.gpu_readers import GpuReading, NvmlSource
-from router.gpu_sampler import GpuSampler
-from router.metrics import RouterMetrics, stop_reason_kind
-from router.server import build_router
-from router.usage import UsageSniffer
+from router.config.load import config_from_dict
+from router.hosts.gpu_readers import GpuReading, NvmlSource
+from router.journal.usage import UsageSniffer
+from router.observe.gpu_sampler import GpuSampler
+from router.observe.metrics import RouterMetrics, stop_reason_kind
+from router.serve.server import build_router
 from tests.harness import chat_body, running_router, start_stream, stream
 from tests.simtools import sim_launcher, write_sim_model
 from tests.test_dash_browser import gguf_router

@@ -19,13 +19,13 @@ import httpx
 import pytest
 import trio
 
-from router.config import ALL_GPUS, ConfigError
-from router.config_source import ConfigSource
-from router.model_folder import scan_folder
+from router.cli.tinymodel import TinyShape
+from router.config.load import ALL_GPUS, ConfigError
+from router.config.model_folder import scan_folder
+from router.config.source import ConfigSource
+from router.deploy.bridge import plan
 from router.placement.gguf_header import read_header
 from router.placement.synthetic import SyntheticModel, write_header_only
-from router.placement_bridge import plan
-from router.tinymodel import TinyShape
 from tests.harness import REPO, chat_body, serving_config
 from tests.realenv import require_llama_server, tiny_model
 from tests.simtools import free_port, sim_launcher, write_sim_sidecar

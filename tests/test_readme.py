@@ -2,14 +2,14 @@
 
 from pathlib import Path
 
-from router.config_reference import embed_in
+from router.config.reference import embed_in
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_readme_carries_the_generated_config_reference() -> None:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert embed_in(text) == text, "run: python -m router.config_reference README.md"
+    assert embed_in(text) == text, "run: python -m router.config.reference README.md"
 
 
 def test_readme_names_its_two_commands() -> None:

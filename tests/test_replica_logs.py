@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from router.replica_logs import ReplicaLogs, file_stem
+from router.shell.replica_logs import ReplicaLogs, file_stem
 from tests.harness import assert_openai_error, post_chat, running_router
 
 # --------------------------------------------------------------------------------------------- the files

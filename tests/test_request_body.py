@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from router.records import RequestRecord
-from router.replica_errors import TEXT_LIMIT, shape_replica_error
-from router.request_body import MAX_DEPTH, BodyError, check_fields, parse_json, parse_object
-from router.request_headers import HEADERS_LIMIT, bad_header, headers_too_large
+from router.http.replica_errors import TEXT_LIMIT, shape_replica_error
+from router.http.request_body import MAX_DEPTH, BodyError, check_fields, parse_json, parse_object
+from router.http.request_headers import HEADERS_LIMIT, bad_header, headers_too_large
+from router.journal.records import RequestRecord
 
 
 def nested(depth: int) -> bytes:

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from router import server_flags
-from router.config import ConfigError, config_from_dict
-from router.llama_args import SHORT_FLAGS, render_flag
-from router.server_flags import accepted_flags, check_flags, flag_problem, parse_help
+from router.config.llama_args import SHORT_FLAGS, render_flag
+from router.config.load import ConfigError, config_from_dict
+from router.hosts import server_flags
+from router.hosts.server_flags import accepted_flags, check_flags, flag_problem, parse_help
 from tests.harness import REPO, assert_openai_error, config_document, post_chat, running_router, write_config
 from tests.realenv import require_llama_server
 

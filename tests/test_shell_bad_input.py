@@ -16,8 +16,8 @@ import httpx
 import pytest
 import trio
 
-from router.request_body import MAX_DEPTH
-from router.request_headers import HEADERS_LIMIT
+from router.http.request_body import MAX_DEPTH
+from router.http.request_headers import HEADERS_LIMIT
 from tests.harness import (
     RouterHandle,
     assert_openai_error,
@@ -204,7 +204,7 @@ async def test_an_unexpected_exception_is_a_logged_500_with_an_id(
         raise RuntimeError("status is broken today")
 
     async with running_router(tmp_path, MODELS, router=ROUTER) as h:
-        monkeypatch.setattr("router.app.status_document", broken)
+        monkeypatch.setattr("router.http.app.status_document", broken)
         with caplog.at_level(logging.ERROR, logger="router"):
             response = await h.client.get("/status")
         error = assert_openai_error(response, 500, "internal_error")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from router.__main__ import main
-from router.config import default_history_db, load_config
+from router.config.load import default_history_db, load_config
 from tests.harness import (
     REPO,
     assert_openai_error,

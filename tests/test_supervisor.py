@@ -15,8 +15,8 @@ import attrs
 import pytest
 import trio
 
-from router.logring import LineSplitter, telling_lines
-from router.supervisor import (
+from router.shell.logring import LineSplitter, telling_lines
+from router.shell.supervisor import (
     LaunchSpec,
     ProcessExited,
     ProcessLoadFailed,
@@ -335,7 +335,7 @@ PARENT_SCRIPT = textwrap.dedent(
     """
     import sys
     import trio
-    from router.supervisor import LaunchSpec, ProcessReady, Supervisor
+    from router.shell.supervisor import LaunchSpec, ProcessReady, Supervisor
 
     async def main():
         ready = trio.Event()

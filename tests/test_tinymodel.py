@@ -9,7 +9,7 @@ import httpx
 import numpy as np
 import pytest
 
-from router.tinymodel import TinyShape, VocabNotFound, main, write_tiny_model
+from router.cli.tinymodel import TinyShape, VocabNotFound, main, write_tiny_model
 from tests.realenv import require_vocab_dir, running_llama_server, tiny_model
 
 SPECIAL = ["<unk>", "<s>", "</s>"]

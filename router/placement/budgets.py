@@ -28,8 +28,8 @@ from pathlib import Path
 
 import attrs
 
-from router.gpu_readers import GpuReading, ProcessUse
 from router.placement.footprint import CPU
+from router.placement.readings import GpuReading, ProcessUse
 
 __all__ = [
     "DeviceBudget",

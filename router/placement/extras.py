@@ -1,7 +1,7 @@
 """What a llama-server process holds besides its model: host-kept tensors, a projector, a draft model.
 
 Pure arithmetic on GGUF headers, like ``footprint``; the flags that ask for these are read elsewhere
-(``router.placement_flags``).
+(``router.deploy.memory_flags``).
 
 Tensors kept in host memory
     ``--override-tensor PATTERN=CPU`` (also written as one ``P1=CPU,P2=CPU`` list), ``--cpu-moe`` and

@@ -46,7 +46,7 @@ Models without a GPU
     device); the same verdicts apply. Nothing else is ever planned on the CPU.
 
 llama-server flags
-    ``PlacementInput`` carries every flag that moves memory, read by ``router.placement_flags``: the
+    ``PlacementInput`` carries every flag that moves memory, read by ``router.deploy.memory_flags``: the
     micro-batch (``ubatch`` clamped to ``batch``), ``--kv-unified``, ``--swa-full``,
     ``--no-kv-offload``, ``--tensor-split`` (then the operator's split is used, not the budgets'; ``-sm
     none`` arrives as all weight on the first GPU), tensor overrides, a projector and a draft model. The
@@ -68,7 +68,7 @@ from typing import Any
 
 import attrs
 
-from router.config_values import FrozenMap
+from router.frozenmap import FrozenMap
 from router.placement.extras import DraftInput, Extras, HostTensors, add_draft, add_projector, read_extras
 from router.placement.footprint import (
     CPU,

@@ -1,0 +1,528 @@
+"""The configuration schema as data: one record per key, the checks derived from it, and the reference.
+
+Every table of the configuration file is described by a tuple of :class:`KeySpec` records. The loader in
+``router.config.load`` validates plain keys with :func:`check_value` and renders its error messages from
+:meth:`KeySpec.allowed`; :func:`reference_markdown` renders the same records as the configuration
+reference, so the documentation and the checks cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+# Value kinds that check_value understands; keys with any other type string are checked by the loader.
+INTEGER = "integer"
+NUMBER = "number"
+STRING = "string"
+BOOLEAN = "boolean"
+STRING_LIST = "list of strings"
+PATH = "path"
+
+# What llama.cpp accepts for --cache-type-k / --cache-type-v.
+CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+class InvalidValue(Exception):
+    """A value broke a rule; ``reason`` reads well after "is invalid: " (e.g. "must be an integer >= 1")."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@attrs.frozen
+class KeySpec:
+    """One configuration key: its name, value type, default, description and range.
+
+    ``default`` is the value used when the key is absent (``None``: unset). ``default_text`` replaces the
+    rendered default in the reference where the real default is computed (a path under the state directory,
+    "auto"). ``env`` names the environment variable that overrides the key, if any.
+    """
+
+    name: str
+    type: str
+    default: Any
+    description: str
+    minimum: float | None = None
+    maximum: float | None = None
+    exclusive_minimum: bool = False
+    choices: tuple[str, ...] = ()
+    env: str | None = None
+    required: bool = False
+    default_text: str | None = None
+    rule: str | None = None
+
+    def allowed(self) -> str:
+        """The rule in words, e.g. "an integer >= 1", "a number > 0", "one of "lru", "fifo"."."""
+        if self.rule is not None:
+            return self.rule
+        if self.choices:
+            return "one of " + ", ".join(json.dumps(c) for c in self.choices)
+        noun = {
+            INTEGER: "an integer",
+            NUMBER: "a number",
+            STRING: "a non-empty string",
+            BOOLEAN: "true or false",
+            STRING_LIST: "a list of non-empty strings",
+            PATH: "a non-empty path string",
+        }.get(self.type, self.type)
+        return noun + _range_words(self.minimum, self.maximum, self.exclusive_minimum)
+
+    def default_repr(self) -> str:
+        """The default as it would be written in TOML, or a description of a computed default."""
+        if self.default_text is not None:
+            return self.default_text
+        if self.default is None:
+            return "unset"
+        return render_value(self.default)
+
+
+def _range_words(minimum: float | None, maximum: float | None, exclusive: bool) -> str:
+    def num(x: float) -> str:
+        return str(int(x)) if float(x).is_integer() else str(x)
+
+    if minimum is not None and maximum is not None:
+        return f" between {num(minimum)} and {num(maximum)}"
+    if minimum is not None:
+        return f" {'>' if exclusive else '>='} {num(minimum)}"
+    if maximum is not None:
+        return f" <= {num(maximum)}"
+    return ""
+
+
+def render_value(value: Any) -> str:
+    """A value as TOML/JSON would spell it: strings quoted, booleans lower case, lists in brackets."""
+    if isinstance(value, tuple):
+        value = list(value)
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def check_value(spec: KeySpec, value: Any) -> Any:
+    """Check a present value against ``spec`` and return it normalised.
+
+    Integers are accepted where numbers are expected (and become floats); booleans are never accepted as
+    numbers; lists become tuples. Raises :class:`InvalidValue` with the rule in words.
+    """
+    must = InvalidValue("must be " + spec.allowed())
+    if spec.type == INTEGER:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise must
+        _check_range(spec, value, must)
+        return value
+    if spec.type == NUMBER:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise must
+        _check_range(spec, value, must)
+        return float(value)
+    if spec.type == BOOLEAN:
+        if not isinstance(value, bool):
+            raise must
+        return value
+    if spec.type in (STRING, PATH):
+        if not isinstance(value, str) or not value.strip():
+            raise must
+        if spec.choices and value not in spec.choices:
+            raise must
+        return value
+    if spec.type == STRING_LIST:
+        if not isinstance(value, list | tuple):
+            raise must
+        if not all(isinstance(item, str) and item.strip() for item in value):
+            raise must
+        return tuple(value)
+    raise AssertionError(f"{spec.name} has type {spec.type!r}, which the loader checks itself")
+
+
+def _check_range(spec: KeySpec, value: float, error: InvalidValue) -> None:
+    if spec.minimum is not None:
+        if spec.exclusive_minimum and not value > spec.minimum:
+            raise error
+        if not spec.exclusive_minimum and value < spec.minimum:
+            raise error
+    if spec.maximum is not None and value > spec.maximum:
+        raise error
+
+
+def spec_by_name(specs: Sequence[KeySpec], name: str) -> KeySpec:
+    for spec in specs:
+        if spec.name == name:
+            return spec
+    raise KeyError(name)
+
+
+TOP_LEVEL_KEYS: tuple[str, ...] = ("router", "devices", "defaults", "models", "pools")
+
+ROUTER_KEYS: tuple[KeySpec, ...] = (
+    KeySpec("host", STRING, "127.0.0.1", "Address the router listens on.", env="ROUTER_HOST"),
+    KeySpec(
+        "port",
+        INTEGER,
+        8080,
+        "TCP port the router listens on; 0 picks a free port.",
+        0,
+        65535,
+        env="ROUTER_PORT",
+    ),
+    KeySpec(
+        "llama_server",
+        PATH,
+        None,
+        "The llama-server binary. Unset: `llama-server` on PATH, else the build installed by "
+        "`scripts/install-llama-server`.",
+        default_text="PATH lookup",
+    ),
+    KeySpec("max_models_per_gpu", INTEGER, 1, "How many models may be resident on one GPU at once.", 1),
+    KeySpec(
+        "eviction",
+        STRING,
+        "lru",
+        "Which resident leaves a GPU when another model needs it: `lru` the one whose last request is "
+        "oldest, `fifo` the earliest loaded. Pinned models never leave.",
+        choices=("lru", "fifo"),
+    ),
+    KeySpec(
+        "queue_head_grace",
+        NUMBER,
+        0.0,
+        "Seconds a queued request whose model is not loaded lets later requests for resident models go "
+        "first; after that it holds the queue and its swap happens once in-flight work drains. 0: strict "
+        "arrival order.",
+        0,
+    ),
+    KeySpec(
+        "queue_force_load_timeout",
+        NUMBER,
+        300.0,
+        "Last resort against starvation: a queued request that has waited this long holds its GPUs and "
+        "gets its swap, whatever `queue_head_grace` says (the grace is capped by this timeout).",
+        0,
+        exclusive_minimum=True,
+    ),
+    KeySpec(
+        "queue_limit",
+        INTEGER,
+        1000,
+        "Most requests waiting in the router as a whole; further requests are rejected. 0 rejects whatever "
+        "cannot be dispatched at once.",
+        0,
+    ),
+    KeySpec(
+        "routing_queue_limit",
+        INTEGER,
+        32,
+        "Most requests waiting for one pool; further ones are rejected.",
+        0,
+    ),
+    KeySpec(
+        "num_gpus",
+        INTEGER,
+        None,
+        "Number of GPUs, overriding detection; GPU ids in the file must then be below it.",
+        0,
+        default_text="detected",
+    ),
+    KeySpec(
+        "load_timeout",
+        NUMBER,
+        120.0,
+        "Seconds a new replica has to answer /health with 200.",
+        0,
+        exclusive_minimum=True,
+    ),
+    KeySpec(
+        "hang_timeout",
+        NUMBER,
+        30.0,
+        "Seconds a ready replica may leave its /health probes unanswered (stopped, deadlocked in a driver "
+        "call) before it is killed and replaced; its streams end with an error event.",
+        0,
+        exclusive_minimum=True,
+    ),
+    KeySpec(
+        "reply_timeout",
+        NUMBER,
+        600.0,
+        "Seconds a replica may send nothing while answering a request (time to the first byte included, "
+        "so long prompts need room) before that exchange ends with an error.",
+        0,
+        exclusive_minimum=True,
+    ),
+    KeySpec(
+        "stop_timeout",
+        NUMBER,
+        10.0,
+        "Seconds between SIGTERM and SIGKILL when a replica is stopped.",
+        0,
+        exclusive_minimum=True,
+    ),
+    KeySpec(
+        "shutdown_grace",
+        NUMBER,
+        30.0,
+        "Seconds in-flight requests may still run after the router receives SIGTERM.",
+        0,
+    ),
+    KeySpec("max_body_mib", INTEGER, 32, "Largest request body in MiB; larger bodies get 413.", 1),
+    KeySpec(
+        "keep_alive_timeout",
+        NUMBER,
+        75.0,
+        "Seconds an idle client connection stays open after its last response (HTTP keep-alive); "
+        "`Connection: close` and HTTP/1.0 connections close right after the response.",
+        0,
+        exclusive_minimum=True,
+    ),
+    KeySpec(
+        "max_connections",
+        INTEGER,
+        None,
+        "Most client connections open at once; past it a new connection gets 503 at once. Unset: half of "
+        "the open-file limit (raised towards its hard maximum, at most 65536, at start) less a reserve "
+        "for replicas and files.",
+        1,
+        default_text="from the open-file limit",
+    ),
+    KeySpec(
+        "send_timeout",
+        NUMBER,
+        60.0,
+        "Seconds a client may leave its reply unread (nothing written reaches it) before its connection is "
+        "closed and its request ended, freeing the slot.",
+        0,
+        exclusive_minimum=True,
+    ),
+    KeySpec(
+        "default_pool",
+        STRING,
+        None,
+        "Pool (or pool alias) that serves requests naming no model or an unknown one.",
+    ),
+    KeySpec(
+        "api_keys",
+        STRING_LIST,
+        (),
+        "API keys clients must present. No keys at all (here, in the environment and in `api_keys_file`): "
+        "no authentication. ROUTER_API_KEYS (comma-separated) replaces this list when set and non-empty.",
+        env="ROUTER_API_KEYS",
+        default_text="[]",
+    ),
+    KeySpec(
+        "cors_origins",
+        STRING_LIST,
+        (),
+        "Web origins (`scheme://host[:port]`) whose pages may call the router from a browser and read the "
+        'replies; `"*"` allows every origin, `"null"` (sandboxed frames, `file://` pages) must be listed by '
+        "itself. Any other foreign `Origin` gets 403. ROUTER_CORS_ORIGINS (comma-separated) replaces this "
+        "list when set and non-empty. Follows reloads.",
+        env="ROUTER_CORS_ORIGINS",
+        default_text="[]",
+        rule='a list of origins such as "http://localhost:3000", "*" or "null"',
+    ),
+    KeySpec(
+        "allowed_hosts",
+        STRING_LIST,
+        (),
+        "Host names the router answers to besides loopback ones (localhost, *.localhost, 127.0.0.0/8, "
+        '[::1]) and its own `host`; a leading dot (`.example.lan`) also admits subdomains, `"*"` turns the '
+        "check off. Bound to a loopback address the check always applies (it stops DNS rebinding); bound "
+        "elsewhere only when this list is set. Other `Host` headers get 403. ROUTER_ALLOWED_HOSTS "
+        "(comma-separated) replaces this list when set and non-empty. Follows reloads.",
+        env="ROUTER_ALLOWED_HOSTS",
+        default_text="[]",
+        rule='a list of host names without port, such as "router.lan", ".example.lan" or "*"',
+    ),
+    KeySpec(
+        "api_keys_file",
+        PATH,
+        None,
+        "File with more keys, one per line; blank lines and lines starting with # are skipped. Read at "
+        "startup, in addition to `api_keys`.",
+    ),
+    KeySpec(
+        "history_db",
+        PATH,
+        None,
+        "SQLite file of the request history. In the default, NAME-HASH is the config file's name without "
+        "extension and 8 hex digits of the SHA-256 of its absolute path, so routers run on different files "
+        "never share a database. A router started on a database another router is writing is refused "
+        "(choose another with this key or HISTORY_DB_PATH). Changes with a restart.",
+        env="HISTORY_DB_PATH",
+        default_text="$XDG_STATE_HOME/llama-router/NAME-HASH/history.db (XDG_STATE_HOME unset: "
+        "~/.local/state)",
+    ),
+    KeySpec("history_max_rows", INTEGER, 100000, "Most requests the history keeps; the oldest go first.", 1),
+    KeySpec(
+        "history_max_age_days",
+        NUMBER,
+        30.0,
+        "Days a request stays in the history.",
+        0,
+        exclusive_minimum=True,
+    ),
+    KeySpec(
+        "gpu_reserve_mib",
+        INTEGER,
+        512,
+        "MiB of every GPU that placement keeps free (driver and allocator overhead).",
+        0,
+    ),
+    KeySpec(
+        "ctx_floor",
+        INTEGER,
+        2048,
+        "Smallest total context the automatic context choice accepts; a model that does not fit with at "
+        "least this much is refused.",
+        1,
+    ),
+    KeySpec(
+        "ctx_default",
+        INTEGER,
+        4096,
+        "Total context of a model without `ctx` on a GPU whose memory cannot be read (no NVML, amdsmi or "
+        "sysfs reading and no `[devices.N] memory_mib`): min(trained context, this).",
+        1,
+    ),
+    KeySpec(
+        "log_lines",
+        INTEGER,
+        400,
+        "Lines of llama-server output kept in memory per replica (for error messages and `/logs/{replica}` "
+        "when there is no log file).",
+        1,
+    ),
+    KeySpec(
+        "replica_logs",
+        PATH,
+        None,
+        "Directory of the per-replica log files (`<model>-<replica>.log`, everything llama-server prints; "
+        "served at `/logs/{replica}`). Changes with a restart.",
+        default_text="$XDG_STATE_HOME/llama-router/logs (~/.local/state/llama-router/logs)",
+    ),
+    KeySpec(
+        "replica_log_files",
+        INTEGER,
+        5,
+        "Log files kept per model: when a replica starts, older files of its model beyond this many go.",
+        1,
+    ),
+    KeySpec(
+        "replica_log_max_mib",
+        INTEGER,
+        8,
+        "Size in MiB at which a replica's log file is renamed to `<name>.log.1` (replacing the previous "
+        "one) and started afresh.",
+        1,
+    ),
+)
+
+DEVICE_KEYS: tuple[KeySpec, ...] = (
+    KeySpec(
+        "memory_mib",
+        INTEGER,
+        None,
+        "Memory budget of this GPU in MiB, replacing the measured one (total memory minus what other "
+        "processes hold). Needed where the GPU's memory cannot be read.",
+        1,
+        default_text="detected",
+    ),
+)
+
+GPUS_TYPE = 'list of GPU ids, "all" or -1'
+PRICING_TYPE = "table of numbers"
+EFFORT_TYPE = "table"
+
+MODEL_KEYS: tuple[KeySpec, ...] = (
+    KeySpec(
+        "model",
+        PATH,
+        None,
+        "Path of the GGUF file (relative paths start at the config file's directory).",
+        required=True,
+    ),
+    KeySpec(
+        "gpus",
+        GPUS_TYPE,
+        (0,),
+        'GPUs a replica spans; "all" (or -1) means every GPU the router sees. A single id may be given '
+        "without brackets. `[]` runs the model on the CPU against host memory (`-ngl 0`); with "
+        "`num_gpus = 0` that is the default.",
+        rule='"all", -1, a GPU id, [] (CPU only), or a list of distinct GPU ids >= 0 (below `num_gpus` '
+        "when set)",
+    ),
+    KeySpec("num_instance", INTEGER, 1, "Replicas of this model that may run at once.", 1),
+    KeySpec("parallel", INTEGER, 1, "Slots per replica (llama-server `-np`).", 1),
+    KeySpec(
+        "ctx",
+        INTEGER,
+        None,
+        "Total context of a replica (llama-server `-c`); each slot gets ctx/parallel tokens. Unset: the "
+        "largest context that fits, at least `ctx_floor`, at most the model's trained context.",
+        1,
+        rule="an integer >= 1 and >= `parallel`",
+        default_text="auto",
+    ),
+    KeySpec(
+        "gpu_layers",
+        INTEGER,
+        None,
+        "Layers offloaded to the GPUs (llama-server `-ngl`), overriding placement's choice of all layers.",
+        0,
+        default_text="all layers",
+    ),
+    KeySpec("aliases", STRING_LIST, (), "Other names clients may use for this model.", default_text="[]"),
+    KeySpec("pinned", BOOLEAN, False, "A pinned model is never evicted."),
+    KeySpec(
+        "ttl",
+        NUMBER,
+        None,
+        "Seconds after its last request ends before an idle replica is stopped. Not allowed with pinned.",
+        0,
+        exclusive_minimum=True,
+        default_text="never",
+    ),
+    KeySpec("load_on_startup", BOOLEAN, False, "Start a replica when the router starts."),
+    KeySpec(
+        "pricing",
+        PRICING_TYPE,
+        None,
+        "Prices in dollars per million tokens, shown in /v1/models.",
+        rule="a table with at least one of `input`, `cached_input`, `output`, each a number >= 0",
+    ),
+    KeySpec(
+        "reasoning_effort",
+        EFFORT_TYPE,
+        None,
+        "Reasoning effort levels the model offers, shown in /v1/models.",
+        rule="a table: `options`, a non-empty list of distinct strings, and optionally `default`, one "
+        "of them",
+    ),
+)
+
+POOL_KEYS: tuple[KeySpec, ...] = (
+    KeySpec(
+        "members",
+        STRING_LIST,
+        None,
+        "Model names in priority order; no duplicates, aliases not accepted.",
+        required=True,
+    ),
+    KeySpec(
+        "fallback",
+        BOOLEAN,
+        False,
+        "true: the members load at startup and stay pinned, and a request goes to the first member with "
+        "a free slot. Needs at least two members.",
+    ),
+    KeySpec("aliases", STRING_LIST, (), "Other names clients may use for this pool.", default_text="[]"),
+)
+
+PRICING_KEYS: tuple[str, ...] = ("input", "cached_input", "output")
+EFFORT_KEYS: tuple[str, ...] = ("options", "default")

@@ -1,0 +1,393 @@
+"""Validation of the per-name tables: [devices.N], [defaults], [models.NAME] and [pools.NAME].
+
+Used by router.config.load; every function raises ConfigError through a :class:`Doc`, which knows the file
+name for the message and the directory relative paths start from.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from router.config.llama_args import flag_identity, router_owned_hint
+from router.config.schema import (
+    CACHE_TYPES,
+    DEVICE_KEYS,
+    EFFORT_KEYS,
+    MODEL_KEYS,
+    POOL_KEYS,
+    PRICING_KEYS,
+    InvalidValue,
+    KeySpec,
+    check_value,
+    render_value,
+)
+from router.config.values import (
+    ALL_GPUS,
+    ConfigError,
+    DeviceConfig,
+    FlagValue,
+    FrozenMap,
+    GpuSelection,
+    ModelConfig,
+    PoolConfig,
+    Pricing,
+    ReasoningEffort,
+)
+
+MAX_NAME = 200
+_MODEL_ROUTER_KEYS = frozenset(spec.name for spec in MODEL_KEYS)
+
+
+class Doc:
+    """Context for error messages: the file name, and the directory relative paths start from."""
+
+    def __init__(self, path: str | Path, base_dir: Path | None) -> None:
+        self.path = path
+        self.base_dir = base_dir
+
+    def invalid(self, key: str, value: Any, reason: str) -> ConfigError:
+        return ConfigError(self.path, f"{key} = {render_value(value)} is invalid: {reason}", key=key)
+
+    def unknown(self, key: str, value: Any, allowed: Sequence[str]) -> ConfigError:
+        return ConfigError(
+            self.path,
+            f"{key} = {render_value(value)} is not a known key; allowed keys: {', '.join(allowed)}",
+            key=key,
+        )
+
+    def missing(self, key: str, allowed: str) -> ConfigError:
+        return ConfigError(self.path, f"{key} is missing: it is required and must be {allowed}", key=key)
+
+    def table(self, key: str, value: Any) -> Mapping[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise self.invalid(key, value, "must be a table")
+        return value
+
+    def path_value(self, text: str) -> Path:
+        path = Path(text).expanduser()
+        if self.base_dir is not None and not path.is_absolute():
+            path = self.base_dir / path
+        return path
+
+    def check(self, prefix: str, spec: KeySpec, value: Any) -> Any:
+        try:
+            return check_value(spec, value)
+        except InvalidValue as exc:
+            raise self.invalid(f"{prefix}.{spec.name}", value, exc.reason) from None
+
+
+# ---------------------------------------------------------------------------------------------- [devices]
+
+
+def parse_devices(doc: Doc, table: Mapping[str, Any], num_gpus: int | None) -> FrozenMap[int, DeviceConfig]:
+    devices: dict[int, DeviceConfig] = {}
+    allowed = [spec.name for spec in DEVICE_KEYS]
+    for key, raw in table.items():
+        gpu = _gpu_id_key(key)
+        if gpu is None or (num_gpus is not None and gpu >= num_gpus):
+            rule = "must be a GPU id: an integer >= 0"
+            if num_gpus is not None:
+                rule += f" and < router.num_gpus ({num_gpus})"
+            raise ConfigError(
+                doc.path, f"devices.{key} is invalid: the table name {rule}", key=f"devices.{key}"
+            )
+        entry = doc.table(f"devices.{key}", raw)
+        for name, value in entry.items():
+            if name not in allowed:
+                raise doc.unknown(f"devices.{key}.{name}", value, allowed)
+        memory = entry.get("memory_mib")
+        if memory is not None:
+            memory = doc.check(f"devices.{key}", DEVICE_KEYS[0], memory)
+        devices[gpu] = DeviceConfig(memory_mib=memory)
+    return FrozenMap(sorted(devices.items()))
+
+
+def _gpu_id_key(key: Any) -> int | None:
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key if key >= 0 else None
+    if isinstance(key, str) and key.isascii() and key.isdigit() and str(int(key)) == key:
+        return int(key)
+    return None
+
+
+# --------------------------------------------------------------------------------- flags ([defaults], models)
+
+
+def parse_flags(
+    doc: Doc, prefix: str, table: Mapping[str, Any], *, in_model: bool
+) -> FrozenMap[str, FlagValue]:
+    seen: dict[str, str] = {}
+    flags: dict[str, FlagValue] = {}
+    for key, value in table.items():
+        dotted = f"{prefix}.{key}"
+        if value is None:
+            continue
+        if not in_model and key in _MODEL_ROUTER_KEYS:
+            raise doc.invalid(dotted, value, f"{key} is a per-model key; set it in [models.NAME]")
+        if (
+            in_model
+            and key.lstrip("-") in _MODEL_ROUTER_KEYS
+            and key.lstrip("-") not in ("model", "parallel")
+        ):
+            raise doc.invalid(dotted, value, f"write the router key without dashes: {key.lstrip('-')}")
+        if (
+            not key.lstrip("-")
+            or len(key) - len(key.lstrip("-")) > 2
+            or any(c.isspace() or c == "=" for c in key)
+        ):
+            raise doc.invalid(
+                dotted, value, "a llama-server flag name must be non-empty, without spaces or '='"
+            )
+        hint = router_owned_hint(key)
+        if hint is not None:
+            raise doc.invalid(dotted, value, f"the router sets this llama-server flag itself; {hint}")
+        identity = flag_identity(key)
+        if identity in seen:
+            raise doc.invalid(
+                dotted, value, f"the same llama-server flag as {prefix}.{seen[identity]}; keep one"
+            )
+        seen[identity] = key
+        flags[key] = _flag_value(doc, dotted, value)
+        if identity in ("cache-type-k", "cache-type-v") and value is not False and value not in CACHE_TYPES:
+            choices = ", ".join(json.dumps(t) for t in CACHE_TYPES)
+            raise doc.invalid(dotted, value, f"must be one of {choices} (or false to drop a default)")
+    return FrozenMap(flags)
+
+
+def _flag_value(doc: Doc, key: str, value: Any) -> FlagValue:
+    if isinstance(value, bool | str):
+        return value
+    if isinstance(value, int | float):
+        return value
+    if isinstance(value, list | tuple) and all(
+        isinstance(item, str | int | float) and not isinstance(item, bool) for item in value
+    ):
+        return tuple(value)
+    raise doc.invalid(
+        key,
+        value,
+        "a llama-server flag must be a string, a number, true/false, or a list of strings and numbers",
+    )
+
+
+# ----------------------------------------------------------------------------------------------- [models]
+
+
+def valid_name(name: Any) -> bool:
+    """Whether ``name`` may name a model, pool or alias: 1 to 200 printable characters without spaces."""
+    return (
+        isinstance(name, str)
+        and 0 < len(name) <= MAX_NAME
+        and not any(c.isspace() or not c.isprintable() for c in name)
+    )
+
+
+def _check_name(doc: Doc, key: str, name: Any, what: str) -> str:
+    if not valid_name(name):
+        raise doc.invalid(key, name, f"{what} must be 1 to {MAX_NAME} printable characters without spaces")
+    return name
+
+
+def parse_model(doc: Doc, name: str, raw: Any, num_gpus: int | None) -> ModelConfig:
+    prefix = f"models.{name}"
+    _check_name(doc, prefix, name, "a model name")
+    table = doc.table(prefix, raw)
+    specs = {spec.name: spec for spec in MODEL_KEYS}
+    values: dict[str, Any] = {}
+    for spec in MODEL_KEYS:
+        value = table.get(spec.name)
+        if value is None:
+            if spec.required:
+                raise doc.missing(f"{prefix}.{spec.name}", spec.allowed())
+            if spec.name == "gpus" and num_gpus == 0:
+                values["gpus"] = ()  # num_gpus = 0: every model runs on the CPU
+                continue
+            if spec.name == "gpus" and num_gpus is not None and max(spec.default) >= num_gpus:
+                raise ConfigError(
+                    doc.path,
+                    f"{prefix}.gpus is unset and defaults to {render_value(spec.default)}, but "
+                    f'router.num_gpus = {num_gpus}; set gpus to ids below {num_gpus} or to "all"',
+                    key=f"{prefix}.gpus",
+                )
+            values[spec.name] = spec.default
+        elif spec.name == "gpus":
+            values["gpus"] = _gpus(doc, f"{prefix}.gpus", value, num_gpus)
+        elif spec.name == "pricing":
+            values["pricing"] = _pricing(doc, f"{prefix}.pricing", value)
+        elif spec.name == "reasoning_effort":
+            values["reasoning_effort"] = _effort(doc, f"{prefix}.reasoning_effort", value)
+        else:
+            values[spec.name] = doc.check(prefix, specs[spec.name], value)
+    for i, alias in enumerate(values["aliases"]):
+        _check_name(doc, f"{prefix}.aliases[{i}]", alias, "an alias")
+    if values["ctx"] is not None and values["ctx"] < values["parallel"]:
+        raise doc.invalid(
+            f"{prefix}.ctx",
+            values["ctx"],
+            f"must be >= parallel ({values['parallel']}): each slot gets ctx/parallel",
+        )
+    if values["pinned"] and values["ttl"] is not None:
+        raise doc.invalid(
+            f"{prefix}.ttl",
+            values["ttl"],
+            "a pinned model is never unloaded; remove ttl or set pinned = false",
+        )
+    flags = parse_flags(doc, prefix, {k: v for k, v in table.items() if k not in specs}, in_model=True)
+    return ModelConfig(
+        name=name,
+        path=doc.path_value(values.pop("model")),
+        extra_args=tuple(flags.items()),
+        **values,
+    )
+
+
+def _gpus(doc: Doc, key: str, value: Any, num_gpus: int | None) -> GpuSelection:
+    rule = 'must be "all", -1, a GPU id, [] (CPU only) or a list of distinct GPU ids (integers >= 0'
+    rule += f" and < router.num_gpus = {num_gpus})" if num_gpus is not None else ")"
+    if isinstance(value, list | tuple) and not value:
+        return ()  # explicitly CPU only
+    if value == ALL_GPUS or (isinstance(value, int) and not isinstance(value, bool) and value == -1):
+        return ALL_GPUS
+    ids = [value] if isinstance(value, int) and not isinstance(value, bool) else value
+    if not isinstance(ids, list | tuple) or not ids:
+        raise doc.invalid(key, value, rule)
+    for gpu in ids:
+        if isinstance(gpu, bool) or not isinstance(gpu, int) or gpu < 0:
+            raise doc.invalid(key, value, rule)
+        if num_gpus is not None and gpu >= num_gpus:
+            raise doc.invalid(key, value, rule)
+    if len(set(ids)) != len(ids):
+        raise doc.invalid(key, value, rule)
+    return tuple(sorted(ids))
+
+
+def _number_at_least_zero(value: Any) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and value >= 0
+        and value != float("inf")
+    )
+
+
+def _pricing(doc: Doc, key: str, value: Any) -> Pricing:
+    table = doc.table(key, value)
+    for name, item in table.items():
+        if name not in PRICING_KEYS:
+            raise doc.unknown(f"{key}.{name}", item, PRICING_KEYS)
+        if item is not None and not _number_at_least_zero(item):
+            raise doc.invalid(f"{key}.{name}", item, "must be a number >= 0 (dollars per million tokens)")
+    prices = {name: float(table[name]) for name in PRICING_KEYS if table.get(name) is not None}
+    if not prices:
+        raise doc.invalid(key, value, "must set at least one of " + ", ".join(PRICING_KEYS))
+    return Pricing(**prices)
+
+
+def _effort(doc: Doc, key: str, value: Any) -> ReasoningEffort:
+    table = doc.table(key, value)
+    for name, item in table.items():
+        if name not in EFFORT_KEYS:
+            raise doc.unknown(f"{key}.{name}", item, EFFORT_KEYS)
+    options = table.get("options")
+    if (
+        not isinstance(options, list | tuple)
+        or not options
+        or not all(isinstance(o, str) and o.strip() for o in options)
+        or len(set(options)) != len(options)
+    ):
+        raise doc.invalid(f"{key}.options", options, "must be a non-empty list of distinct non-empty strings")
+    default = table.get("default")
+    if default is not None and default not in options:
+        raise doc.invalid(
+            f"{key}.default",
+            default,
+            "must be one of the options: " + ", ".join(json.dumps(o) for o in options),
+        )
+    return ReasoningEffort(options=tuple(options), default=default)
+
+
+# ------------------------------------------------------------------------------------------------ [pools]
+
+
+def parse_pool(doc: Doc, name: str, raw: Any, models: Mapping[str, ModelConfig]) -> PoolConfig:
+    prefix = f"pools.{name}"
+    _check_name(doc, prefix, name, "a pool name")
+    table = doc.table(prefix, raw)
+    allowed = [spec.name for spec in POOL_KEYS]
+    for key, value in table.items():
+        if key not in allowed:
+            raise doc.unknown(f"{prefix}.{key}", value, allowed)
+    values: dict[str, Any] = {}
+    for spec in POOL_KEYS:
+        value = table.get(spec.name)
+        if value is None:
+            if spec.required:
+                raise doc.missing(f"{prefix}.{spec.name}", spec.allowed())
+            values[spec.name] = spec.default
+        else:
+            values[spec.name] = doc.check(prefix, spec, value)
+    members: tuple[str, ...] = values["members"]
+    known = ", ".join(models)
+    if not members:
+        raise doc.invalid(
+            f"{prefix}.members", list(members), f"must list at least one model; models: {known}"
+        )
+    for member in members:
+        if member not in models:
+            owner = next((m.name for m in models.values() if member in m.aliases), None)
+            reason = f"{member!r} is not a model; models: {known}"
+            if owner is not None:
+                reason = f"{member!r} is an alias of models.{owner}; list model names ({known})"
+            raise doc.invalid(f"{prefix}.members", list(members), reason)
+    if len(set(members)) != len(members):
+        raise doc.invalid(f"{prefix}.members", list(members), "must not name a model twice")
+    if values["fallback"]:
+        if len(members) < 2:
+            raise doc.invalid(f"{prefix}.fallback", True, "fallback = true needs at least two members")
+        for member in members:
+            ttl = models[member].ttl
+            if ttl is not None:
+                raise doc.invalid(
+                    f"{prefix}.fallback",
+                    True,
+                    f"fallback members stay loaded, but models.{member}.ttl = {render_value(ttl)}; "
+                    "remove that ttl",
+                )
+    for i, alias in enumerate(values["aliases"]):
+        _check_name(doc, f"{prefix}.aliases[{i}]", alias, "an alias")
+    return PoolConfig(name=name, **values)
+
+
+# ------------------------------------------------------------------------------------------------- names
+
+
+def check_unique_names(doc: Doc, models: Mapping[str, ModelConfig], pools: Mapping[str, PoolConfig]) -> None:
+    owner: dict[str, str] = {}
+    for name in models:
+        owner[name] = f"models.{name}"
+    for name in pools:
+        if name in owner:
+            raise ConfigError(
+                doc.path,
+                f"pools.{name} is invalid: the name {name!r} is already used by {owner[name]}; every "
+                "model, pool and alias name must be unique",
+                key=f"pools.{name}",
+            )
+        owner[name] = f"pools.{name}"
+    entries = [(f"models.{m.name}", m.aliases) for m in models.values()]
+    entries += [(f"pools.{p.name}", p.aliases) for p in pools.values()]
+    for prefix, aliases in entries:
+        for alias in aliases:
+            if alias in owner:
+                raise doc.invalid(
+                    f"{prefix}.aliases",
+                    list(aliases),
+                    f"the alias {alias!r} is already used by {owner[alias]}; every model, pool and alias "
+                    "name must be unique",
+                )
+            owner[alias] = f"{prefix}.aliases"

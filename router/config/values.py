@@ -1,0 +1,177 @@
+"""The frozen values a loaded configuration consists of, and the error a bad configuration raises.
+
+All values are immutable and hashable. Tables keyed by name keep the order of the file (models start in
+that order; flags reach llama-server in that order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import attrs
+
+from router.config.schema import ROUTER_KEYS, spec_by_name
+from router.frozenmap import FrozenMap
+
+# The value of ModelConfig.gpus that stands for every GPU the router sees; resolve with resolve_gpus().
+ALL_GPUS: Literal["all"] = "all"
+
+GpuSelection = tuple[int, ...] | Literal["all"]
+"""Either a sorted tuple of distinct GPU ids (never empty) or the string "all"."""
+
+FlagScalar = str | int | float | bool
+FlagValue = FlagScalar | tuple[str | int | float, ...]
+"""A llama-server flag value: true → bare flag, false → left out, tuple → the flag repeated per item."""
+
+
+def _frozen_map(value: Mapping[Any, Any] | Iterable[tuple[Any, Any]]) -> FrozenMap[Any, Any]:
+    return value if isinstance(value, FrozenMap) else FrozenMap(value)
+
+
+class ConfigError(Exception):
+    """A configuration problem. The message names the file, the dotted key, the bad value and the rule.
+
+    ``path`` is the file (or the name given to config_from_dict); ``key`` the dotted key or environment
+    variable (None for problems with the file as a whole); ``detail`` the text after the file name.
+    """
+
+    def __init__(self, path: str | Path, detail: str, *, key: str | None = None) -> None:
+        super().__init__(f"config error in {path}: {detail}")
+        self.path = str(path)
+        self.key = key
+        self.detail = detail
+
+
+@attrs.frozen
+class Pricing:
+    """Prices in dollars per million tokens, shown in /v1/models. None: not stated."""
+
+    input: float | None = None
+    cached_input: float | None = None
+    output: float | None = None
+
+
+@attrs.frozen
+class ReasoningEffort:
+    """Reasoning effort levels a model offers, shown in /v1/models."""
+
+    options: tuple[str, ...]
+    default: str | None = None
+
+
+@attrs.frozen
+class DeviceConfig:
+    """``[devices.N]``: a declared memory budget in MiB (None: use what the GPU reports)."""
+
+    memory_mib: int | None = None
+
+
+def _tuple(value: Iterable[Any]) -> tuple[Any, ...]:
+    return tuple(value)
+
+
+def _gpus(value: GpuSelection | Iterable[int]) -> GpuSelection:
+    if value == ALL_GPUS:
+        return ALL_GPUS
+    assert not isinstance(value, str)
+    return tuple(sorted(set(value)))
+
+
+@attrs.frozen
+class ModelConfig:
+    """``[models.NAME]``.
+
+    ``path`` is the GGUF file (the ``model`` key). ``gpus`` is a sorted tuple of distinct ids or
+    :data:`ALL_GPUS`. ``ctx`` None means automatic; ``gpu_layers`` None means placement's choice;
+    ``ttl`` None means never unloaded for idleness. ``extra_args`` holds every other key of the table as
+    (key as written, value) pairs in file order: llama-server flags, rendered by ``router.config.llama_args``.
+    """
+
+    name: str
+    path: Path
+    gpus: GpuSelection = attrs.field(default=(0,), converter=_gpus)
+    num_instance: int = 1
+    parallel: int = 1
+    ctx: int | None = None
+    gpu_layers: int | None = None
+    aliases: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    pinned: bool = False
+    ttl: float | None = None
+    load_on_startup: bool = False
+    pricing: Pricing | None = None
+    reasoning_effort: ReasoningEffort | None = None
+    extra_args: tuple[tuple[str, FlagValue], ...] = attrs.field(default=(), converter=_tuple)
+
+
+@attrs.frozen
+class PoolConfig:
+    """``[pools.NAME]``: member model names in priority order."""
+
+    name: str
+    members: tuple[str, ...] = attrs.field(converter=_tuple)
+    fallback: bool = False
+    aliases: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+
+
+def _router_default(name: str) -> Any:
+    return spec_by_name(ROUTER_KEYS, name).default
+
+
+@attrs.frozen
+class RouterSettings:
+    """``[router]`` after environment overrides; defaults equal the schema's (router.config.schema).
+
+    ``api_keys`` holds the keys from the file or ROUTER_API_KEYS; the keys in ``api_keys_file`` are read
+    by ``router.config.load.read_api_keys``. ``cors_origins`` and ``allowed_hosts`` are in canonical form
+    (lower case; origins without a default port), as ``router.http.browser_guard`` compares them.
+    ``history_db`` and ``replica_logs`` are always concrete paths.
+    """
+
+    host: str = _router_default("host")
+    port: int = _router_default("port")
+    llama_server: str | None = None
+    max_models_per_gpu: int = _router_default("max_models_per_gpu")
+    eviction: str = _router_default("eviction")
+    queue_head_grace: float = _router_default("queue_head_grace")
+    queue_force_load_timeout: float = _router_default("queue_force_load_timeout")
+    queue_limit: int = _router_default("queue_limit")
+    routing_queue_limit: int = _router_default("routing_queue_limit")
+    num_gpus: int | None = None
+    load_timeout: float = _router_default("load_timeout")
+    hang_timeout: float = _router_default("hang_timeout")
+    reply_timeout: float = _router_default("reply_timeout")
+    stop_timeout: float = _router_default("stop_timeout")
+    shutdown_grace: float = _router_default("shutdown_grace")
+    max_body_mib: int = _router_default("max_body_mib")
+    keep_alive_timeout: float = _router_default("keep_alive_timeout")
+    send_timeout: float = _router_default("send_timeout")
+    max_connections: int | None = None
+    default_pool: str | None = None
+    api_keys: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    cors_origins: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    allowed_hosts: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    api_keys_file: Path | None = None
+    history_db: Path = Path("history.db")
+    history_max_rows: int = _router_default("history_max_rows")
+    history_max_age_days: float = _router_default("history_max_age_days")
+    gpu_reserve_mib: int = _router_default("gpu_reserve_mib")
+    ctx_floor: int = _router_default("ctx_floor")
+    ctx_default: int = _router_default("ctx_default")
+    log_lines: int = _router_default("log_lines")
+    replica_logs: Path = Path("logs")
+    replica_log_files: int = _router_default("replica_log_files")
+    replica_log_max_mib: int = _router_default("replica_log_max_mib")
+
+
+@attrs.frozen
+class Config:
+    """A whole validated configuration. ``devices`` is keyed by GPU id, ``models``/``pools`` by name."""
+
+    path: Path
+    router: RouterSettings = attrs.field(factory=RouterSettings)
+    devices: FrozenMap[int, DeviceConfig] = attrs.field(factory=FrozenMap, converter=_frozen_map)
+    defaults: FrozenMap[str, FlagValue] = attrs.field(factory=FrozenMap, converter=_frozen_map)
+    models: FrozenMap[str, ModelConfig] = attrs.field(factory=FrozenMap, converter=_frozen_map)
+    pools: FrozenMap[str, PoolConfig] = attrs.field(factory=FrozenMap, converter=_frozen_map)

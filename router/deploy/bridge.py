@@ -1,0 +1,136 @@
+"""Placement for the running router and for ``python -m router plan``.
+
+Reads every model's GGUF header, gathers GPU budgets (NVML, declared ``[devices.N]``, or host memory on a
+machine without GPUs) and turns each model's plan into what the scheduler and the launcher need: the context
+and layer count to start with, the bytes per GPU one replica takes, and the refusal text for a model that
+can never fit. A file that is not a readable GGUF gets no prediction: it is started with its configured
+context and its load reports the problem (a missing or unreadable file never gets this far when the router
+runs: ``router.config.load.check_model_files`` refuses the configuration; ``plan`` reports it as an error).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from router.config.llama_args import cache_types
+from router.config.load import Config, ConfigError, config_dir, resolve_gpus
+from router.config.source import ConfigSource
+from router.deploy.launch import ModelDecision, default_decision, gpu_ids
+from router.deploy.memory_flags import flash_attn, memory_flags
+from router.hosts.gpu_monitor import GpuMonitor, Ours
+from router.placement.budgets import gather_budgets, host_budget
+from router.placement.fit import ModelPlan, PlacementInput
+from router.placement.footprint import CPU
+from router.placement.plan import format_plan_table, plan_document, plan_models
+
+log = logging.getLogger("router.placement")
+MIB = 1 << 20
+
+
+def _flash_attn(config: Config, model_name: str) -> bool:
+    """Whether the model's replicas run with flash attention (``router.deploy.memory_flags.flash_attn``)."""
+    return flash_attn(config.defaults, config.models[model_name].extra_args)
+
+
+def placement_inputs(config: Config, ids: tuple[int, ...]) -> list[PlacementInput]:
+    """One placement input per model, with every llama-server flag that moves memory read from ``[defaults]``
+    and the model's table (``router.deploy.memory_flags``). Relative ``mmproj`` and ``model-draft`` paths
+    start from the config file's folder, like ``model``."""
+    base_dir = config_dir(config)
+    inputs = []
+    for name, model in config.models.items():
+        k, v = cache_types(model, config.defaults)
+        gpus = resolve_gpus(model, ids)
+        flags = memory_flags(config.defaults, model.extra_args, n_gpus=len(gpus), base_dir=base_dir)
+        inputs.append(
+            PlacementInput(
+                name=name,
+                path=model.path,
+                gpus=gpus,
+                parallel=model.parallel,
+                num_instance=model.num_instance,
+                ctx=model.ctx,
+                gpu_layers=model.gpu_layers,
+                cache_type_k=k,
+                cache_type_v=v,
+                ctx_floor=config.router.ctx_floor,
+                ctx_default=config.router.ctx_default,
+                **flags.as_kwargs(),
+            )
+        )
+    return inputs
+
+
+def _decision(config: Config, plan: ModelPlan, budgets: Mapping[int, int | None]) -> ModelDecision:
+    model = config.models[plan.name]
+    if plan.verdict == "refused":
+        fallback = default_decision(model)
+        return ModelDecision(fallback.ctx, fallback.gpu_layers, {}, plan.message)
+    if plan.verdict == "error" or plan.ctx is None or plan.gpu_layers is None:
+        log.warning("no memory prediction for %s: %s", plan.name, plan.message)
+        return default_decision(model)
+    need = dict(plan.need_by_gpu)
+    if plan.verdict == "override":
+        # An operator's setting loads even when predicted over budget: the scheduler counts it as taking
+        # the whole GPU (never more), so it can always be loaded once the other residents have left.
+        for gpu, bytes_needed in need.items():
+            budget = budgets.get(gpu)
+            if budget is not None and bytes_needed * max(1, plan.num_instance) > budget:
+                need[gpu] = budget // max(1, plan.num_instance)
+    return ModelDecision(plan.ctx, plan.gpu_layers, need, tensor_split=tuple(plan.tensor_split))
+
+
+def plan(
+    config: Config, monitor: GpuMonitor | None = None, ours: Ours | None = None
+) -> tuple[tuple[int, ...], dict[int, int | None], dict[str, ModelDecision], dict[str, Any]]:
+    """GPU ids, their budgets (bytes), the decision per model, and the versioned plan document.
+
+    ``monitor`` reads the GPUs (a fresh one when None); ``ours`` tells it which processes on each GPU are
+    this router's replicas, so that a plan made while they run (a reload) sees the same budgets.
+    """
+    declared = {gpu: d.memory_mib for gpu, d in config.devices.items()}
+    own = monitor is None
+    monitor = monitor or GpuMonitor()
+    try:
+        budgets = gather_budgets(
+            declared, num_gpus=config.router.num_gpus, measured=lambda: monitor.budgets(ours)
+        )
+    finally:
+        if own:
+            monitor.close()
+    gpus = {device: b for device, b in budgets.items() if isinstance(device, int)}
+    ids = gpu_ids(config, len(gpus))
+    inputs = placement_inputs(config, ids)
+    if any(not inp.gpus for inp in inputs):
+        budgets[CPU] = host_budget()
+    plans = plan_models(inputs, budgets, config.router.gpu_reserve_mib * MIB)
+    scheduler_budgets = {gpu: gpus[gpu].budget if gpu in gpus else None for gpu in ids}
+    decisions = {p.name: _decision(config, p, scheduler_budgets) for p in plans}
+    used = {gpu for inp in inputs for gpu in inp.gpus}
+    for gpu in sorted(used):
+        if scheduler_budgets.get(gpu) is None:
+            log.warning(
+                "GPU %d: its memory cannot be read (no NVML, amdsmi or sysfs reading) and no "
+                "[devices.%d] memory_mib is declared: its models are fully offloaded with ctx_default "
+                "(%d) unless they set ctx; declare memory_mib to plan against the GPU's real size",
+                gpu,
+                gpu,
+                config.router.ctx_default,
+            )
+    return ids, scheduler_budgets, decisions, plan_document(plans, budgets)
+
+
+def plan_command(source: ConfigSource, *, as_json: bool) -> int:
+    try:
+        config = source.load()
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    *_, document = plan(config)
+    print(json.dumps(document, indent=2) if as_json else format_plan_table(document))
+    refused = [m["name"] for m in document["models"] if m["verdict"] in ("refused", "error")]
+    return 1 if refused else 0

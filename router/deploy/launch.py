@@ -1,0 +1,161 @@
+"""From configuration (and the placement plan) to what the scheduler and the supervisor need.
+
+``ModelLaunch`` holds how one model's replicas are started (binary, context, GPU layers, flags);
+``scheduler_settings`` turns the configuration into the scheduler's static ``Settings``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from router.config.llama_args import llama_server_argv
+from router.config.load import Config, ConfigError, resolve_gpus
+from router.config.values import ModelConfig
+from statemachine import DeviceSpec, ModelSpec, Policy, PoolSpec, Settings
+
+DEFAULT_CTX = 4096
+ALL_LAYERS = 999
+
+
+@attrs.frozen
+class ModelLaunch:
+    """How replicas of one model start: every value already decided."""
+
+    model: ModelConfig
+    binary: str
+    defaults: Mapping[str, object]
+    gpus: tuple[int, ...]
+    ctx: int
+    gpu_layers: int
+    tensor_split: tuple[int, ...] = ()
+
+    @property
+    def ctx_per_slot(self) -> int:
+        return self.ctx // max(1, self.model.parallel)
+
+    def argv(self, port: int) -> tuple[str, ...]:
+        argv = llama_server_argv(
+            self.binary, self.model, self.defaults, port=port, ctx=self.ctx, gpu_layers=self.gpu_layers
+        )
+        if not any(a in ("-a", "--alias") for a in argv):
+            argv += ["--alias", self.model.name]  # replies name the model as clients know it
+        if len(self.tensor_split) > 1 and not any(a in ("-ts", "--tensor-split") for a in argv):
+            # Split layers as placement planned, not by whatever memory happens to be free at load.
+            argv += ["--tensor-split", ",".join(str(share) for share in self.tensor_split)]
+        return tuple(argv)
+
+
+@attrs.frozen
+class ModelDecision:
+    """What placement decided for a model (context, layers, bytes per GPU, refusal)."""
+
+    ctx: int
+    gpu_layers: int
+    need: Mapping[int, int] = attrs.field(factory=dict)
+    refusal: str | None = None
+    tensor_split: tuple[int, ...] = ()
+
+
+def gpu_ids(config: Config, detected: int) -> tuple[int, ...]:
+    """The GPU ids the router schedules over: num_gpus, else detection, else what the config names."""
+    if config.router.num_gpus is not None:
+        return tuple(range(config.router.num_gpus))
+    if detected:
+        return tuple(range(detected))
+    named = set(config.devices)
+    for model in config.models.values():
+        if isinstance(model.gpus, tuple):
+            named.update(model.gpus)
+    return tuple(range(max(named) + 1)) if named else (0,)
+
+
+def default_decision(model: ModelConfig) -> ModelDecision:
+    """What a model starts with when placement has no prediction: its own settings, else every layer on
+    its GPUs (none for a CPU-only model) and the default context."""
+    layers = ALL_LAYERS if model.gpu_layers is None else model.gpu_layers
+    if model.gpus == ():
+        layers = 0
+    return ModelDecision(ctx=model.ctx or DEFAULT_CTX, gpu_layers=layers)
+
+
+def launches(
+    config: Config, binary: str, ids: Sequence[int], decisions: Mapping[str, ModelDecision]
+) -> dict[str, ModelLaunch]:
+    out = {}
+    for name, model in config.models.items():
+        decision = decisions.get(name) or default_decision(model)
+        out[name] = ModelLaunch(
+            model=model,
+            binary=binary,
+            defaults=config.defaults,
+            gpus=resolve_gpus(model, ids),
+            ctx=decision.ctx,
+            gpu_layers=decision.gpu_layers,
+            tensor_split=decision.tensor_split,
+        )
+    return out
+
+
+def scheduler_settings(
+    config: Config,
+    ids: Sequence[int],
+    decisions: Mapping[str, ModelDecision],
+    budgets: Mapping[int, int | None],
+) -> Settings:
+    fallback_members = {m for p in config.pools.values() if p.fallback for m in p.members}
+    models = []
+    for name, model in config.models.items():
+        decision = decisions.get(name) or default_decision(model)
+        pooled = name in fallback_members
+        models.append(
+            ModelSpec(
+                name=name,
+                gpus=resolve_gpus(model, ids),
+                replicas=model.num_instance,
+                slots=model.parallel,
+                ctx_per_slot=decision.ctx // max(1, model.parallel),
+                need=dict(decision.need),
+                pinned=model.pinned or pooled,
+                ttl=model.ttl,
+                load_on_startup=model.load_on_startup or pooled,
+                refusal=decision.refusal,
+            )
+        )
+    pools = [PoolSpec(p.name, tuple(p.members), p.fallback) for p in config.pools.values()]
+    devices = [DeviceSpec(g, budgets.get(g)) for g in ids]
+    r = config.router
+    policy = Policy(
+        max_models_per_gpu=r.max_models_per_gpu,
+        eviction=r.eviction,
+        queue_head_grace=r.queue_head_grace,
+        queue_force_load_timeout=r.queue_force_load_timeout,
+        queue_limit=r.queue_limit,
+        routing_queue_limit=r.routing_queue_limit,
+    )
+    return Settings(models=models, pools=pools, devices=devices, policy=policy)
+
+
+def check_pinned(config: Config, settings: Settings) -> None:
+    """Refuse a configuration whose pinned models (pinned, or members of fallback pools) cannot all stay
+    resident: more on one GPU than ``max_models_per_gpu``, or more predicted bytes than its budget."""
+    cap = settings.policy.max_models_per_gpu
+    for device in sorted(settings.devices.values(), key=lambda d: d.id):
+        pinned = [m for m in settings.models.values() if m.pinned and device.id in m.gpus]
+        names = ", ".join(m.name for m in pinned)
+        if len(pinned) > cap:
+            raise ConfigError(
+                config.path,
+                f"models pinned to GPU {device.id} ({names}; members of fallback pools count as pinned) "
+                f"exceed max_models_per_gpu = {cap}: raise the cap, unpin a model or move it to another GPU",
+                key="router.max_models_per_gpu",
+            )
+        need = sum(m.need_on(device.id) * m.replicas for m in pinned)
+        if device.budget is not None and need > device.budget:
+            raise ConfigError(
+                config.path,
+                f"models pinned to GPU {device.id} ({names}) need {need / 2**30:.2f} GiB together but the "
+                f"GPU has {device.budget / 2**30:.2f} GiB: unpin one or give it other GPUs",
+                key=f"devices.{device.id}",
+            )

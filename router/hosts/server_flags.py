@@ -1,0 +1,225 @@
+"""The flags a llama-server binary accepts, read from its ``--help`` once and cached per binary.
+
+``accepted_flags(binary)`` runs ``BINARY --help`` and keeps every flag spelling of its option list
+(``-ctk``, ``--cache-type-k``, ...). The result is cached in memory and on disk, under the router's home
+directory as ``flags-<hash>.json``, keyed by the binary's absolute path, modification time and size, so a
+rebuilt binary is asked again. A binary that cannot be run, or whose ``--help`` lists no flags, gives None:
+the caller skips the check (one warning per binary).
+
+``check_flags(config, binary, accepted)`` refuses pass-through keys of ``[defaults]`` and the model tables
+that llama-server would refuse at launch, naming the key, its value and the likely fix ("did you mean").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import hashlib
+import json
+import logging
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from router.config.llama_args import ROUTER_OWNED, flag_identity, render_flag
+from router.config.schema import MODEL_KEYS, render_value
+from router.config.values import Config, ConfigError, FlagValue
+from router.hosts.locate import router_home
+
+log = logging.getLogger("router")
+
+HELP_TIMEOUT = 30.0
+KEEP_CACHE_FILES = 32
+# Every llama-server has this flag; a help text without it is not llama-server's option list.
+REQUIRED_FLAG = "--port"
+
+# A line of the option list: one or more flag spellings, separated by commas, then the argument and text.
+_FLAG = re.compile(r"-{1,2}[A-Za-z][A-Za-z0-9_.-]*(?=,|\s|$)")
+_FLAG_COLUMN = re.compile(r"^(?:-{1,2}[A-Za-z][A-Za-z0-9_.-]*(?:,\s*|\s+|$))+")
+
+# Router-owned flags → the model key that replaces them.
+_OWNED_BY_KEY = {
+    "parallel": "parallel",
+    "ctx-size": "ctx",
+    "gpu-layers": "gpu_layers",
+    "model": "model",
+    "device": "gpus",
+    "main-gpu": "gpus",
+}
+_MODEL_KEYS = tuple(spec.name for spec in MODEL_KEYS)
+
+_memo: dict[tuple[str, int, int], frozenset[str] | None] = {}
+
+
+def parse_help(text: str) -> frozenset[str]:
+    """Every flag spelling in llama-server's ``--help`` text (lines of its option list start with a dash)."""
+    flags: set[str] = set()
+    for line in text.splitlines():
+        if not line.startswith("-") or line.startswith("---"):
+            continue
+        column = _FLAG_COLUMN.match(line)
+        if column is not None:
+            flags.update(_FLAG.findall(column.group(0)))
+    return frozenset(flags)
+
+
+def _cache_file(key: tuple[str, int, int]) -> Path:
+    digest = hashlib.sha256("\0".join(str(part) for part in key).encode()).hexdigest()[:16]
+    return router_home() / f"flags-{digest}.json"
+
+
+def _read_cache(path: Path, key: tuple[str, int, int]) -> frozenset[str] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or (data.get("binary"), data.get("mtime_ns"), data.get("size")) != key:
+        return None
+    flags = data.get("flags")
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        return None
+    return frozenset(flags)
+
+
+def _write_cache(path: Path, key: tuple[str, int, int], flags: frozenset[str]) -> None:
+    """Best effort: a cache that cannot be written only costs one more ``--help`` next time."""
+    data = {"binary": key[0], "mtime_ns": key[1], "size": key[2], "flags": sorted(flags)}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".flags-", suffix=".tmp")
+    except OSError as exc:
+        log.debug("cannot cache the flags of %s in %s: %s", key[0], path.parent, exc)
+        return
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            json.dump(data, file)
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.debug("cannot cache the flags of %s in %s: %s", key[0], path, exc)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        return
+    _prune(path.parent)
+
+
+def _prune(directory: Path) -> None:
+    """Keep the newest KEEP_CACHE_FILES flag caches (every rebuilt or moved binary leaves one behind)."""
+    files = []
+    for path in directory.glob("flags-*.json"):
+        with contextlib.suppress(OSError):
+            files.append((path.stat().st_mtime, path))
+    for _, path in sorted(files, reverse=True)[KEEP_CACHE_FILES:]:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _run_help(binary: Path) -> tuple[frozenset[str] | None, str]:
+    """The flags ``binary --help`` lists, or None and why not."""
+    try:
+        done = subprocess.run(
+            [str(binary), "--help"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=HELP_TIMEOUT,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"`{binary} --help` did not finish within {HELP_TIMEOUT:.0f} s"
+    except OSError as exc:
+        return None, f"`{binary} --help` cannot run: {exc.strerror or exc}"
+    text = (done.stdout + b"\n" + done.stderr).decode("utf-8", "replace")
+    flags = parse_help(text)
+    if REQUIRED_FLAG not in flags:
+        return None, f"`{binary} --help` (exit status {done.returncode}) printed no llama-server flag list"
+    return flags, ""
+
+
+def accepted_flags(binary: Path) -> frozenset[str] | None:
+    """The flag spellings ``binary`` accepts, from its ``--help`` (cached); None when they cannot be known."""
+    try:
+        info = binary.stat()
+    except OSError as exc:
+        log.warning("llama-server flags are not checked: cannot read %s: %s", binary, exc.strerror or exc)
+        return None
+    key = (str(binary.absolute()), info.st_mtime_ns, info.st_size)
+    if key in _memo:
+        return _memo[key]
+    cache = _cache_file(key)
+    flags = _read_cache(cache, key)
+    if flags is None:
+        flags, why = _run_help(binary)
+        if flags is None:
+            log.warning("llama-server flags in the config are not checked: %s", why)
+        else:
+            _write_cache(cache, key, flags)
+    _memo[key] = flags
+    return flags
+
+
+def _suggestion(name: str, accepted: frozenset[str], in_model: bool) -> str:
+    """The "; did you mean ...?" text for a bare key name that is no flag; "" when nothing is close."""
+    flag_names = {flag.lstrip("-") for flag in accepted}
+    candidates = sorted(flag_names | set(_MODEL_KEYS))
+    close = difflib.get_close_matches(name, candidates, n=1)
+    if not close:
+        return ""
+    guess = close[0]
+    if guess in _MODEL_KEYS:
+        if not in_model:
+            return f"; did you mean `{guess}` (a per-model key: set it in [models.NAME])?"
+        return f"; did you mean `{guess}` (use the `{guess}` key)?"
+    identity = flag_identity(guess)
+    if identity in _OWNED_BY_KEY:
+        owner = _OWNED_BY_KEY[identity]
+        if in_model:
+            return f"; did you mean `{guess}` (use the `{owner}` key)?"
+        return f"; did you mean `{guess}` (set `{owner}` per model in [models.NAME])?"
+    if identity in ROUTER_OWNED:
+        return f"; did you mean `{guess}`? (the router sets that one itself: {ROUTER_OWNED[identity]})"
+    return f"; did you mean `{_key_for(guess, accepted)}`?"
+
+
+def _key_for(name: str, accepted: frozenset[str]) -> str:
+    """How to write a flag as a key so that it renders as a spelling llama-server accepts."""
+    if render_flag(name) in accepted:
+        return name
+    dashed = next(flag for flag in (f"-{name}", f"--{name}") if flag in accepted)
+    return f'"{dashed}"'
+
+
+def flag_problem(key: str, accepted: frozenset[str], *, in_model: bool) -> str | None:
+    """What to do about a pass-through key llama-server would refuse ("; did you mean ...?"), or None when
+    it accepts the flag the key renders to."""
+    written = render_flag(key)
+    if written in accepted:
+        return None
+    name = key.lstrip("-")
+    other = [flag for flag in (f"-{name}", f"--{name}") if flag in accepted and flag != written]
+    if other:
+        spelt = other[0]
+        return f' as written (`{written}`); llama-server spells it `{spelt}`: write the key as "{spelt}"'
+    return _suggestion(name, accepted, in_model) or "; remove it or correct its spelling"
+
+
+def _tables(config: Config) -> Iterable[tuple[str, Iterable[tuple[str, FlagValue]], bool]]:
+    yield "defaults", config.defaults.items(), False
+    for name, model in config.models.items():
+        yield f"models.{name}", model.extra_args, True
+
+
+def check_flags(config: Config, binary: Path, accepted: frozenset[str]) -> None:
+    """Raise ConfigError for the first pass-through key of [defaults] or a model that llama-server does not
+    accept."""
+    for prefix, flags, in_model in _tables(config):
+        for key, value in flags:
+            problem = flag_problem(key, accepted, in_model=in_model)
+            if problem is not None:
+                raise ConfigError(
+                    config.path,
+                    f"{prefix}.{key} = {render_value(value)} is not a flag of llama-server "
+                    f"({binary} --help){problem}",
+                    key=f"{prefix}.{key}",
+                )

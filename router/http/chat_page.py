@@ -1,0 +1,131 @@
+"""``/chat/{model}/``: the web UI of a model's own llama-server, reached through the router.
+
+What works:
+
+- ``GET /chat/{model}`` redirects to ``/chat/{model}/`` so that the page's relative links resolve below it.
+- ``GET /chat/{model}/...`` (the page, its assets, ``props``, ``slots``, ``v1/models`` ...) goes to a ready
+  replica of the model. When none is ready, the request is admitted like any other (so the model is loaded
+  on demand, possibly evicting another) and passed through once the replica answers. These reads hold no
+  slot while they are relayed. ``Accept-Encoding`` and ``Content-Encoding`` pass unchanged, because
+  llama-server serves its page compressed.
+- ``POST /chat/{model}/...`` (completions, tokenize, ...) is admitted through the scheduler and relayed
+  exactly like the forwarded API, streams and keep-alives included; it shows in the history with endpoint
+  ``/chat``.
+
+Limits: the UI must call its API with relative paths (llama-server's bundled UI does); absolute paths such
+as ``/v1/chat/completions`` reach the router's own API, which needs the model named in the body. When the
+router requires an API key, a browser cannot send one for the page itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+
+import httpx
+import trio
+from quart import Response, g, redirect, request
+from quart_trio import QuartTrio
+
+from router.config.load import Config, resolve_name
+from router.http.browser_guard import drop_cors
+from router.http.errors import error_response, unknown_model
+from router.http.proxy import HOP_BY_HOP, SAFE_SEGMENT, Proxy, read_replica_error
+from router.http.request_body import BodyError, parse_json, read_body
+from router.http.request_headers import as_sent
+from router.shell.runtime import Router
+
+_HOP = HOP_BY_HOP | {"cookie"}
+
+
+def _pass_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in _HOP}
+
+
+async def _relay(upstream: httpx.Response) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in upstream.aiter_raw():
+            yield chunk
+    except httpx.HTTPError:
+        return
+    finally:
+        with trio.CancelScope(shield=True):
+            await upstream.aclose()
+
+
+def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.AsyncClient) -> None:
+    proxy = Proxy(router, client)
+
+    def model_of(name: str) -> str | None:
+        target = resolve_name(router.config, name)  # the current configuration, reloads included
+        return target if target in router.config.models else None
+
+    def unknown(name: str) -> Response:
+        return unknown_model(name, router.config.models)
+
+    async def pass_get(port: int, rest: str, model: str) -> Response:
+        url = f"http://127.0.0.1:{port}/{rest}"
+        if request.query_string:
+            url += "?" + request.query_string.decode("latin-1")
+        outgoing = client.build_request("GET", url, headers=as_sent(_pass_headers(request.headers).items()))
+        try:
+            upstream = await client.send(outgoing, stream=True)
+        except httpx.HTTPError as exc:
+            return error_response(502, "upstream_unreachable", f"the replica did not answer: {exc!r}")
+        if upstream.status_code >= 400:
+            error = await read_replica_error(model, upstream)
+            return Response(error.body, status=error.status, content_type="application/json")
+        return Response(
+            _relay(upstream), status=upstream.status_code, headers=drop_cors(_pass_headers(upstream.headers))
+        )
+
+    @app.route("/chat/<name>")
+    async def chat_root(name: str) -> Response:
+        if model_of(name) is None:
+            return unknown(name)
+        return redirect(f"{name}/", 308)  # type: ignore[return-value]
+
+    @app.route("/chat/<name>/", methods=["GET", "POST"], defaults={"rest": ""})
+    @app.route("/chat/<name>/<path:rest>", methods=["GET", "POST"])
+    async def chat(name: str, rest: str) -> Response:
+        model = model_of(name)
+        if model is None:
+            return unknown(name)
+        if rest and any(s in ("", ".", "..") or not SAFE_SEGMENT.match(s) for s in rest.split("/")):
+            return error_response(400, "invalid_path", f"'{rest}' is not a plain path below the model")
+        if request.method == "GET":
+            port = router.ready_port([model])
+            if port is not None:
+                return await pass_get(port, rest, model)
+        raw = await read_body()
+        stream = False
+        if request.method == "POST":
+            try:
+                doc = parse_json(raw)
+            except BodyError:  # not JSON, or not within the router's limits: the replica judges it
+                doc = None
+            stream = isinstance(doc, dict) and doc.get("stream") is True
+        ticket = router.admit(
+            model, asked=name, endpoint="/chat", client=request.remote_addr or "", tokens=None
+        )
+        g.ticket = ticket
+        if request.method == "POST":
+            return await proxy.respond(
+                ticket,
+                method="POST",
+                path=rest,
+                query=request.query_string,
+                body=raw,
+                headers=request.headers,
+                stream=stream,
+            )
+        decided = False
+        try:
+            await ticket.decided.wait()
+            decided = True
+        finally:
+            router.finish(ticket, completed=decided and ticket.reject is None)
+        if ticket.reject is not None:
+            reject = ticket.reject
+            return error_response(reject.status, reject.code, reject.message)
+        assert ticket.port is not None
+        return await pass_get(ticket.port, rest, model)

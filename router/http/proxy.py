@@ -1,0 +1,280 @@
+"""Forward one admitted request to its replica and relay the answer without buffering.
+
+The request waits for the scheduler's decision (Dispatch or Reject). A streaming request that waits longer
+than a moment gets its response started with SSE comments that keep the connection alive; if it is then
+rejected, the stream ends with an error event. Bodies pass byte for byte; the upstream's status and content
+type are kept, except that error replies are read whole and answered in the OpenAI shape (see
+``router.http.replica_errors``). When the client disconnects, the upstream exchange is closed at once
+(llama-server stops generating) and the scheduler is told, which frees the slot.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+import trio
+from quart import Response
+from werkzeug.datastructures import Headers
+
+from router.http.browser_guard import drop_cors
+from router.http.errors import error_response, sse_error
+from router.http.replica_errors import BODY_LIMIT, ReplicaError, shape_replica_error
+from router.http.request_headers import as_sent
+from router.shell.runtime import Router
+from router.shell.ticket import Ticket
+
+KEEPALIVE_AFTER = 1.0
+KEEPALIVE_EVERY = 2.0
+REDISPATCHES = 2  # times a request whose replica refused the connection waits for another
+
+# Headers that belong to one connection, or carry the router's own credentials: never forwarded.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+        "authorization",
+        "x-api-key",
+    }
+)
+# The API relay also asks for plain bodies, so the usage sniffer can read them.
+_DROP = HOP_BY_HOP | {"accept-encoding"}
+# A path segment below a model: no "..", no encoded slashes or anything else that could escape it.
+SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9._~:@!$&'()*+,;=-]+$")
+
+
+def upstream_headers(headers: Headers) -> list[tuple[bytes, bytes]]:
+    return as_sent((k, v) for k, v in headers.items() if k.lower() not in _DROP)
+
+
+def reply_headers(headers: httpx.Headers, model: str | None) -> dict[str, str]:
+    """The replica's response headers for the client; its CORS policy is replaced by the router's own."""
+    out = drop_cors(
+        {k: v for k, v in headers.items() if k.lower() not in _DROP and k.lower() != "content-encoding"}
+    )
+    if model is not None:
+        out["x-router-model"] = model
+    return out
+
+
+async def read_replica_error(model: str | None, upstream: httpx.Response) -> ReplicaError:
+    """Read a replica's error reply (at most BODY_LIMIT bytes), close it, and shape the answer."""
+    body = bytearray()
+    complete = True
+    try:
+        async for chunk in upstream.aiter_bytes():
+            body += chunk
+            if len(body) > BODY_LIMIT:
+                complete = False
+                break
+    except httpx.HTTPError:
+        complete = False
+    finally:
+        with trio.CancelScope(shield=True):
+            await upstream.aclose()
+    return shape_replica_error(model, upstream.status_code, bytes(body[:BODY_LIMIT]), complete)
+
+
+def _reject_response(ticket: Ticket) -> Response:
+    assert ticket.reject is not None
+    headers = {"Retry-After": "5"} if ticket.reject.code in ("queue_full", "shutting_down") else None
+    return error_response(ticket.reject.status, ticket.reject.code, ticket.reject.message, headers)
+
+
+def name_member(body: bytes, model: str) -> bytes:
+    """A pooled request's body with ``model`` set to the member that serves it, so the reply names it."""
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return body
+    if not isinstance(doc, dict):
+        return body
+    doc["model"] = model
+    return json.dumps(doc).encode()
+
+
+class Proxy:
+    def __init__(self, router: Router, client: httpx.AsyncClient) -> None:
+        self.router = router
+        self.client = client
+
+    async def respond(
+        self,
+        ticket: Ticket,
+        *,
+        method: str,
+        path: str,
+        query: bytes,
+        body: bytes,
+        headers: Headers,
+        stream: bool,
+    ) -> Response:
+        ticket.observed.stream = stream
+        try:
+            with trio.move_on_after(KEEPALIVE_AFTER if stream else float("inf")):
+                await ticket.decided.wait()
+            if not ticket.decided.is_set():
+                gen = self._wait_then_relay(ticket, method, path, query, body, headers)
+                return Response(gen, status=200, content_type="text/event-stream")
+            if ticket.reject is not None:
+                self.router.finish(ticket, completed=False)
+                return _reject_response(ticket)
+            upstream = await self._open(ticket, method, path, query, body, headers)
+            if isinstance(upstream, Response):
+                return upstream
+            if upstream.status_code >= 400:
+                error = await self._read_error(ticket, upstream)
+                self.router.finish(ticket, completed=True)
+                return self._error_reply(ticket, upstream, error)
+        except BaseException:
+            self.router.finish(ticket, completed=False)
+            raise
+        return Response(
+            self._relay(ticket, upstream),
+            status=upstream.status_code,
+            headers=reply_headers(upstream.headers, ticket.model),
+        )
+
+    async def _open(
+        self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Headers
+    ) -> httpx.Response | Response:
+        pooled = ticket.target in self.router.state.settings.pools
+        if pooled and ticket.model is not None and ticket.model != ticket.target:
+            body = name_member(body, ticket.model)
+        url = f"http://127.0.0.1:{ticket.port}/{path.lstrip('/')}"
+        if query:
+            url += "?" + query.decode("latin-1")
+        sent = upstream_headers(headers)
+        try:
+            for attempt in range(REDISPATCHES + 1):
+                try:
+                    upstream = await self.client.send(
+                        self.client.build_request(method, url, content=body, headers=sent), stream=True
+                    )
+                    break
+                except httpx.RemoteProtocolError:
+                    # The replica closed an idle keep-alive connection as we reused it; nothing was processed.
+                    upstream = await self.client.send(
+                        self.client.build_request(method, url, content=body, headers=sent), stream=True
+                    )
+                    break
+                except httpx.ConnectError as exc:
+                    # Nothing listens there any more (the replica died a moment ago): wait for another one.
+                    if attempt == REDISPATCHES or ticket.closed:
+                        raise
+                    self.router.redispatch(ticket, f"connection refused: {exc!r}")
+                    await ticket.decided.wait()
+                    if ticket.reject is not None:
+                        self.router.finish(ticket, completed=False)
+                        return _reject_response(ticket)
+                    url = f"http://127.0.0.1:{ticket.port}/{path.lstrip('/')}" + (
+                        "?" + query.decode("latin-1") if query else ""
+                    )
+        except httpx.HTTPError as exc:
+            message = f"the replica of '{ticket.model}' did not answer: {self._describe(exc)}"
+            ticket.observed.fail(502, message)
+            self.router.finish(ticket, completed=True)
+            return error_response(502, "upstream_unreachable", message)
+        ticket.observed.status = upstream.status_code
+        return upstream
+
+    async def _relay(self, ticket: Ticket, upstream: httpx.Response) -> AsyncIterator[bytes]:
+        # No cancel scope spans a yield here: the exchange ends by itself when the replica goes away.
+        completed = False
+        sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
+        sniffer = ticket.observed.sniff(sse=sse)
+        try:
+            try:
+                async for chunk in upstream.aiter_raw():
+                    sniffer.feed(chunk)
+                    yield chunk
+                completed = True
+            except httpx.HTTPError as exc:
+                completed = True
+                ticket.observed.fail(502, self._failure_text(ticket, exc))
+                if sse:
+                    yield sse_error(502, "replica_failed", self._failure_text(ticket, exc))
+        finally:
+            with trio.CancelScope(shield=True):
+                await upstream.aclose()
+            self.router.finish(ticket, completed=completed)
+
+    async def _read_error(self, ticket: Ticket, upstream: httpx.Response) -> ReplicaError:
+        """Read a replica's error reply and note what the client will get."""
+        error = await read_replica_error(ticket.model, upstream)
+        ticket.observed.fail(error.status, error.message)
+        return error
+
+    @staticmethod
+    def _error_reply(ticket: Ticket, upstream: httpx.Response, error: ReplicaError) -> Response:
+        if error.wrapped:
+            headers = {"content-type": "application/json"}
+            if ticket.model is not None:
+                headers["x-router-model"] = ticket.model
+        else:
+            headers = reply_headers(upstream.headers, ticket.model)
+        return Response(error.body, status=error.status, headers=headers)
+
+    def _failure_text(self, ticket: Ticket, exc: BaseException) -> str:
+        if ticket.failure is not None:
+            return ticket.failure.message
+        info = self.router.supervisor.info(ticket.dispatch.replica) if ticket.dispatch else None
+        if info is not None and info.stop_reason is not None:
+            return f"the replica of '{ticket.model}' was stopped while answering: {info.stop_reason}"
+        return f"the replica of '{ticket.model}' broke off the reply: {self._describe(exc)}"
+
+    def _describe(self, exc: BaseException) -> str:
+        if isinstance(exc, httpx.ReadTimeout):
+            return f"it sent nothing for {self.client.timeout.read:g} s (reply_timeout)"
+        return repr(exc)
+
+    async def _wait_then_relay(
+        self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Headers
+    ) -> AsyncIterator[bytes]:
+        try:
+            while not ticket.decided.is_set():
+                yield self._keepalive(ticket)
+                with trio.move_on_after(KEEPALIVE_EVERY):
+                    await ticket.decided.wait()
+            if ticket.reject is not None:
+                self.router.finish(ticket, completed=False)
+                yield sse_error(ticket.reject.status, ticket.reject.code, ticket.reject.message)
+                return
+            upstream = await self._open(ticket, method, path, query, body, headers)
+            error = None
+            if isinstance(upstream, httpx.Response) and upstream.status_code >= 400:
+                error = await self._read_error(ticket, upstream)
+                self.router.finish(ticket, completed=True)
+        except BaseException:
+            self.router.finish(ticket, completed=False)
+            raise
+        if isinstance(upstream, Response):
+            yield sse_error(502, "upstream_unreachable", f"the replica of '{ticket.model}' did not answer")
+            return
+        if error is not None:
+            yield b"data: " + error.body + b"\n\n"
+            return
+        async for chunk in self._relay(ticket, upstream):
+            yield chunk
+
+    def _keepalive(self, ticket: Ticket) -> bytes:
+        position, loading = self.router.queue_position(ticket.rid)
+        waited = time.monotonic() - ticket.queued_at
+        text = f": waiting for '{ticket.target}' ({waited:.0f} s)"
+        if position is not None:
+            text += f", queue position {position}"
+        if loading:
+            text += f", loading {loading}"
+        return text.encode() + b"\n\n"

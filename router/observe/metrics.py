@@ -1,0 +1,401 @@
+"""Prometheus metrics of one router (GET /metrics), on a registry of its own.
+
+Counters and histograms move as requests finish (fed by ``Router.record_listeners``) and as replicas load,
+fail and stop (fed by ``Router.listeners``). Gauges that describe the present — queue, replicas, slots,
+GPU memory, the history's health — are read from the router's state when scraped. Replicas started with
+``--metrics`` are scraped at the same moment (1 s timeout each) and their ``llamacpp:*`` series re-exported
+with the labels ``model`` and ``replica``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import httpx
+import trio
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector
+
+from router.journal.history import History
+from router.journal.records import RequestRecord
+from router.observe.gpu_sampler import GpuSampler, replica_state
+from router.shell.runtime import Router
+
+log = logging.getLogger("router")
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+REPLICA_SCRAPE_TIMEOUT = 1.0
+REPLICA_STATES = ("loading", "ready", "draining", "stopping")
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+LOAD_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+
+def stop_reason_kind(reason: str) -> str:
+    """A short, bounded label for why a replica was stopped (the scheduler's reasons are free text)."""
+    text = reason.lower()
+    for prefix, kind in (
+        ("evicted", "evicted"),
+        ("idle", "ttl"),
+        ("unload", "unload"),
+        ("router shutting down", "shutdown"),
+        ("router shutdown", "shutdown"),
+        ("load failed", "load_failed"),
+    ):
+        if text.startswith(prefix):
+            return kind
+    return "other"
+
+
+class RouterMetrics:
+    """All metrics of ``router``. ``render()`` produces the exposition text of a scrape."""
+
+    def __init__(
+        self,
+        router: Router,
+        *,
+        client: httpx.AsyncClient | None = None,
+        history: History | None = None,
+        sampler: GpuSampler | None = None,
+    ) -> None:
+        self.router = router
+        self.client = client
+        self.history = history
+        self.sampler = sampler
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.requests = Counter(
+            "llama_router_requests",
+            "Finished requests by model, endpoint and HTTP status (499: the client left first).",
+            ["model", "endpoint", "status"],
+            registry=r,
+        )
+        self.duration = Histogram(
+            "llama_router_request_duration_seconds",
+            "Time from a request's arrival to the end of its reply.",
+            ["model", "endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "llama_router_time_to_first_token_seconds",
+            "Time from a streamed request's arrival to its first generated content.",
+            ["model"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "llama_router_queue_wait_seconds",
+            "Time a request waited for a slot (including any model load).",
+            ["model"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "llama_router_prompt_tokens", "Prompt tokens of finished requests.", ["model"], registry=r
+        )
+        self.generated_tokens = Counter(
+            "llama_router_generated_tokens", "Generated tokens of finished requests.", ["model"], registry=r
+        )
+        self.cached_tokens = Counter(
+            "llama_router_cached_prompt_tokens",
+            "Prompt tokens served from the replica's prompt cache.",
+            ["model"],
+            registry=r,
+        )
+        self.cache_hits = Counter(
+            "llama_router_prompt_cache_hits",
+            "Requests that reused at least one cached prompt token.",
+            ["model"],
+            registry=r,
+        )
+        self.loads = Counter("llama_router_loads", "Replica loads started.", ["model"], registry=r)
+        self.load_failures = Counter(
+            "llama_router_load_failures", "Replica loads that failed.", ["model"], registry=r
+        )
+        self.load_duration = Histogram(
+            "llama_router_load_duration_seconds",
+            "Time from starting a replica to it answering /health (outcome ready) or failing (failed).",
+            ["model", "outcome"],
+            buckets=LOAD_BUCKETS,
+            registry=r,
+        )
+        self.evictions = Counter(
+            "llama_router_evictions",
+            "Replicas stopped to make room for another model.",
+            ["model"],
+            registry=r,
+        )
+        self.stops = Counter(
+            "llama_router_replica_stops",
+            "Replicas stopped by the router, by reason (evicted, ttl, unload, shutdown, load_failed, other).",
+            ["model", "reason"],
+            registry=r,
+        )
+        self._loading: dict[int, float] = {}
+        self._replica_families: list[Metric] = []
+        self.registry.register(_StateCollector(self))
+        router.record_listeners.append(self.observe)
+        router.listeners.append(self.on_happening)
+
+    # -------------------------------------------------------------------------------------- feeding
+    def observe(self, record: RequestRecord) -> None:
+        model = record.metric_model
+        self.requests.labels(model, record.endpoint, str(record.status)).inc()
+        self.duration.labels(model, record.endpoint).observe(record.duration)
+        if record.ttft is not None:
+            self.ttft.labels(model).observe(record.ttft)
+        if record.queue_wait is not None:
+            self.queue_wait.labels(model).observe(record.queue_wait)
+        if record.prompt_tokens:
+            self.prompt_tokens.labels(model).inc(record.prompt_tokens)
+        if record.generated_tokens:
+            self.generated_tokens.labels(model).inc(record.generated_tokens)
+        if record.cached_tokens:
+            self.cached_tokens.labels(model).inc(record.cached_tokens)
+            self.cache_hits.labels(model).inc()
+
+    def on_happening(self, kind: str, data: dict[str, Any]) -> None:
+        model = str(data.get("model", ""))
+        replica = int(data.get("replica", 0))
+        at = float(data.get("at", 0.0))
+        if kind == "load":
+            self.loads.labels(model).inc()
+            self._loading[replica] = at
+        elif kind == "ready":
+            started = self._loading.pop(replica, None)
+            if started is not None:
+                self.load_duration.labels(model, "ready").observe(max(0.0, at - started))
+        elif kind == "load_failed":
+            started = self._loading.pop(replica, None)
+            if started is not None:
+                self.load_failures.labels(model).inc()
+                self.load_duration.labels(model, "failed").observe(max(0.0, at - started))
+        elif kind == "stop":
+            reason = stop_reason_kind(str(data.get("reason", "")))
+            self.stops.labels(model, reason).inc()
+            if reason == "evicted":
+                self.evictions.labels(model).inc()
+        elif kind == "exited":
+            self._loading.pop(replica, None)
+
+    # -------------------------------------------------------------------------------------- scraping
+    async def render(self) -> bytes:
+        """The exposition text, after scraping the replicas that export their own metrics."""
+        families = await self.scrape_replicas()
+        self._replica_families = families
+        try:
+            return generate_latest(_WithoutCreated(self.registry))  # type: ignore[arg-type]
+        finally:
+            self._replica_families = []
+
+    def replica_targets(self) -> list[tuple[str, int, int]]:
+        """(model, replica id, port) of ready replicas started with ``--metrics``."""
+        targets = []
+        for replica in self.router.state.replicas:
+            if replica.phase != "ready":
+                continue
+            port = self.router.ports.get(replica.id)
+            info = self.router.supervisor.info(replica.id)
+            if port is None or info is None or "--metrics" not in info.argv:
+                continue
+            targets.append((replica.model, replica.id, port))
+        return targets
+
+    async def scrape_replicas(self) -> list[Metric]:
+        targets = self.replica_targets()
+        if not targets or self.client is None:
+            return []
+        texts: dict[tuple[str, int], str | None] = {}
+
+        async def fetch(model: str, replica: int, port: int) -> None:
+            assert self.client is not None
+            try:
+                response = await self.client.get(
+                    f"http://127.0.0.1:{port}/metrics", timeout=REPLICA_SCRAPE_TIMEOUT
+                )
+                texts[(model, replica)] = response.text if response.status_code == 200 else None
+            except httpx.HTTPError:
+                texts[(model, replica)] = None
+
+        async with trio.open_nursery() as nursery:
+            for model, replica, port in targets:
+                nursery.start_soon(fetch, model, replica, port)
+        return relabel_replica_metrics(texts)
+
+
+class _WithoutCreated:
+    """The registry's families without the ``*_created`` series of our own counters and histograms."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self.registry.collect():
+            if metric.name.startswith("llama_router_") and metric.type in ("counter", "histogram"):
+                metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            yield metric
+
+
+def relabel_replica_metrics(texts: dict[tuple[str, int], str | None]) -> list[Metric]:
+    """Merge the replicas' exposition texts into families labelled with model and replica, plus an
+    ``llama_router_replica_metrics_up`` gauge (0 for replicas that did not answer)."""
+    merged: dict[str, Metric] = {}
+    up = GaugeMetricFamily(
+        "llama_router_replica_metrics_up",
+        "Whether the replica's own /metrics answered the last scrape.",
+        labels=["model", "replica"],
+    )
+    for (model, replica), text in sorted(texts.items()):
+        ok = text is not None
+        if text is not None:
+            try:
+                families = list(text_string_to_metric_families(text))
+            except ValueError:
+                families, ok = [], False
+            for family in families:
+                target = merged.get(family.name)
+                if target is None:
+                    target = Metric(family.name, family.documentation, family.type, family.unit)
+                    merged[family.name] = target
+                elif target.type != family.type:
+                    continue
+                for s in family.samples:
+                    labels = {**s.labels, "model": model, "replica": str(replica)}
+                    target.add_sample(s.name, labels, s.value, s.timestamp, s.exemplar)
+        up.add_metric([model, str(replica)], 1.0 if ok else 0.0)
+    return [up, *merged.values()]
+
+
+class _StateCollector(Collector):
+    """Gauges read from the router's state (and the history and GPU sampler) at scrape time."""
+
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        yield from self._queue()
+        yield from self._replicas()
+        yield from self._gpus()
+        yield from self._history()
+        yield from self.metrics._replica_families
+
+    def _queue(self) -> Iterator[Metric]:
+        router = self.metrics.router
+        state = router.state
+        now = trio.current_time()
+        depth = GaugeMetricFamily(
+            "llama_router_queue_depth", "Requests waiting for a slot, by model or pool.", labels=["target"]
+        )
+        counts: dict[str, int] = {name: 0 for name in (*state.settings.models, *state.settings.pools)}
+        queued = state.queued()
+        for request in queued:
+            counts[request.target] = counts.get(request.target, 0) + 1
+        for target, count in sorted(counts.items()):
+            depth.add_metric([target], count)
+        yield depth
+        oldest = max((now - r.arrived for r in queued), default=0.0)
+        yield GaugeMetricFamily(
+            "llama_router_queue_oldest_age_seconds",
+            "Age of the oldest waiting request (0 when none waits).",
+            value=max(0.0, oldest),
+        )
+        yield GaugeMetricFamily(
+            "llama_router_requests_in_flight", "Requests dispatched to a replica.", value=_in_flight(router)
+        )
+
+    def _replicas(self) -> Iterator[Metric]:
+        state = self.metrics.router.state
+        replicas = GaugeMetricFamily(
+            "llama_router_replicas", "Replicas by model and state.", labels=["model", "state"]
+        )
+        in_use = GaugeMetricFamily(
+            "llama_router_slots_in_use",
+            "Slots of the model's replicas that hold a request.",
+            labels=["model"],
+        )
+        slots = GaugeMetricFamily(
+            "llama_router_slots", "Slots of the model's ready replicas.", labels=["model"]
+        )
+        for name, spec in sorted(state.settings.models.items()):
+            mine = [r for r in state.replicas if r.model == name]
+            for kind in REPLICA_STATES:
+                replicas.add_metric(
+                    [name, kind], sum(1 for r in mine if replica_state(r.phase, r.draining) == kind)
+                )
+            in_use.add_metric([name], sum(len(r.inflight) for r in mine))
+            slots.add_metric([name], spec.slots * sum(1 for r in mine if r.phase == "ready"))
+        yield replicas
+        yield in_use
+        yield slots
+
+    def _gpus(self) -> Iterator[Metric]:
+        state = self.metrics.router.state
+        sampler = self.metrics.sampler
+        readings = sampler.readings if sampler is not None else {}
+        budget = GaugeMetricFamily(
+            "llama_router_gpu_memory_budget_bytes", "Declared memory budget of the GPU.", labels=["gpu"]
+        )
+        predicted = GaugeMetricFamily(
+            "llama_router_gpu_memory_predicted_bytes",
+            "Memory the scheduler predicts its resident replicas use on the GPU.",
+            labels=["gpu"],
+        )
+        residents = GaugeMetricFamily(
+            "llama_router_gpu_resident_models", "Models resident on the GPU.", labels=["gpu"]
+        )
+        used = GaugeMetricFamily(
+            "llama_router_gpu_memory_used_bytes", "GPU memory in use as NVML reports it.", labels=["gpu"]
+        )
+        total = GaugeMetricFamily(
+            "llama_router_gpu_memory_total_bytes", "GPU memory in all as NVML reports it.", labels=["gpu"]
+        )
+        util = GaugeMetricFamily(
+            "llama_router_gpu_utilization_ratio",
+            "GPU utilisation (0 to 1) as NVML reports it.",
+            labels=["gpu"],
+        )
+        for device in sorted(state.settings.devices.values(), key=lambda d: d.id):
+            gpu = str(device.id)
+            if device.budget is not None:
+                budget.add_metric([gpu], device.budget)
+            predicted.add_metric([gpu], state.used(device.id))
+            residents.add_metric([gpu], len(state.residents(device.id)))
+            reading = readings.get(device.id)
+            if reading is not None:
+                used.add_metric([gpu], reading.used)
+                total.add_metric([gpu], reading.total)
+                if reading.util is not None:
+                    util.add_metric([gpu], reading.util / 100.0)
+        yield from (budget, predicted, residents)
+        if readings:
+            yield from (used, total, util)
+
+    def _history(self) -> Iterator[Metric]:
+        history = self.metrics.history
+        if history is None:
+            return
+        yield CounterMetricFamily(
+            "llama_router_history_rows_written",
+            "Request records written to the history database.",
+            value=history.written,
+        )
+        yield CounterMetricFamily(
+            "llama_router_history_rows_lost",
+            "Request records the history could not keep (database unwritable, disk full, buffer full).",
+            value=history.lost,
+        )
+        yield GaugeMetricFamily(
+            "llama_router_history_rows_pending",
+            "Request records waiting to be written.",
+            value=history.pending,
+        )
+
+
+def _in_flight(router: Router) -> int:
+    return sum(len(r.inflight) for r in router.state.replicas)

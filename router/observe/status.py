@@ -1,0 +1,192 @@
+"""The documents of /v1/models, /status and /logs/{replica}, built from the router's state."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import attrs
+import trio
+
+from router.config.load import Config, resolve_name
+from router.shell.runtime import Router
+from statemachine import State
+
+LOG_TAIL_BYTES = 1 << 20  # most of a replica's log file that /logs/{replica} sends
+
+
+def gpu_entry(router: Router, gpu: int) -> dict[str, Any]:
+    """One GPU for /status: the scheduler's budget and predicted use, and the driver's latest reading."""
+    state = router.state
+    budget = state.settings.budget(gpu)
+    measured = router.gpus.last.get(gpu)
+    entry: dict[str, Any] = {
+        "id": gpu,
+        "name": measured.reading.name if measured else None,
+        "bus_id": measured.reading.bus_id if measured else None,
+        "budget_bytes": budget,
+        "used_bytes": state.used(gpu),
+        "residents": sorted(state.residents(gpu)),
+        "max_models": state.settings.policy.max_models_per_gpu,
+        "measured": None,
+    }
+    if measured is not None:
+        entry["measured"] = {
+            "total_bytes": measured.reading.total,
+            "used_bytes": measured.reading.used,
+            "foreign_bytes": measured.foreign,
+            "ours_bytes": measured.ours,
+            "available_bytes": measured.available,
+            "method": measured.method,
+        }
+    if budget is None:
+        entry["warning"] = (
+            f"the memory of GPU {gpu} cannot be read and is not declared: models on it run with every layer "
+            f"offloaded and ctx_default; set [devices.{gpu}] memory_mib to plan against its real size"
+        )
+    return entry
+
+
+def model_state(state: State, model: str) -> str:
+    phases = {r.phase for r in state.replicas if r.model == model}
+    if "ready" in phases:
+        return "ready"
+    if "loading" in phases:
+        return "loading"
+    if "stopping" in phases:
+        return "stopping"
+    return "unloaded"
+
+
+def model_entry(config: Config, router: Router, name: str, created: int) -> dict[str, Any]:
+    """One model of /v1/models (and GET /v1/models/{id})."""
+    state = router.state
+    model = config.models[name]
+    entry: dict[str, Any] = {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "llama-router",
+        "state": model_state(state, name),
+        "gpus": list(state.settings.models[name].gpus),
+        "aliases": list(model.aliases),
+        "parallel": model.parallel,
+        "ctx": router.launches[name].ctx,
+    }
+    if model.pricing is not None:
+        entry["pricing"] = {k: v for k, v in attrs.asdict(model.pricing).items() if v is not None}
+    if model.reasoning_effort is not None:
+        entry["reasoning_effort"] = attrs.asdict(model.reasoning_effort)
+    return entry
+
+
+def pool_entry(config: Config, router: Router, name: str, created: int) -> dict[str, Any]:
+    """One pool of /v1/models (and GET /v1/models/{id})."""
+    pool = config.pools[name]
+    ready = any(model_state(router.state, m) == "ready" for m in pool.members)
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "llama-router",
+        "pool": list(pool.members),
+        "fallback": pool.fallback,
+        "aliases": list(pool.aliases),
+        "state": "ready" if ready else "unloaded",
+    }
+
+
+def models_document(config: Config, router: Router) -> dict[str, Any]:
+    created = int(time.time())
+    data = [model_entry(config, router, name, created) for name in config.models]
+    data += [pool_entry(config, router, name, created) for name in config.pools]
+    return {"object": "list", "data": data}
+
+
+def named_entry(config: Config, router: Router, name: str) -> dict[str, Any] | None:
+    """The /v1/models entry of a model or pool named ``name`` or one of its aliases; None when unknown."""
+    target = resolve_name(config, name)
+    if target is None:
+        return None
+    created = int(time.time())
+    if target in config.models:
+        return model_entry(config, router, target, created)
+    return pool_entry(config, router, target, created)
+
+
+def status_document(config: Config, router: Router) -> dict[str, Any]:
+    state = router.state
+    now = max(state.now, trio.current_time())  # the scheduler's clock only moves with events
+    queued = state.queued()
+    replicas = []
+    for r in state.replicas:
+        info = router.supervisor.info(r.id)
+        replicas.append(
+            {
+                "id": r.id,
+                "model": r.model,
+                "gpus": list(r.gpus),
+                "state": "draining" if r.draining and r.phase == "ready" else r.phase,
+                "in_flight": len(r.inflight),
+                "slots": state.settings.models[r.model].slots,
+                "port": router.ports.get(r.id) or (info.port if info else None),
+                "pid": info.pid if info else None,
+                "started_at": info.started_at if info else None,
+                "log_path": info.log_path if info else None,
+                "log_url": f"/logs/{r.id}",
+            }
+        )
+    gpus = [gpu_entry(router, gpu) for gpu in sorted(state.settings.devices)]
+    pools = []
+    for name, pool in config.pools.items():
+        members = []
+        for member in pool.members:
+            spec = state.settings.models[member]
+            reps = [r for r in state.replicas if r.model == member]
+            members.append(
+                {
+                    "model": member,
+                    "gpus": list(spec.gpus),
+                    "slots": spec.slots * spec.replicas,
+                    "ctx_per_slot": spec.ctx_per_slot,
+                    "in_flight": sum(len(r.inflight) for r in reps),
+                    "state": model_state(state, member),
+                }
+            )
+        fifo = state.queues.get(name)
+        pools.append(
+            {
+                "name": name,
+                "fallback": pool.fallback,
+                "members": members,
+                "waiting": fifo.count if fifo else 0,
+            }
+        )
+    return {
+        "queue": [
+            {"id": q.rid, "target": q.target, "age_s": round(now - q.arrived, 3), "tokens": q.tokens}
+            for q in queued
+        ],
+        "gpus": gpus,
+        "replicas": replicas,
+        "pools": pools,
+        "recent": [attrs.asdict(h) for h in reversed(router.happenings)],
+        "shutting_down": state.shutting_down,
+    }
+
+
+async def replica_log(router: Router, replica: int, lines: int | None) -> tuple[str, str] | None:
+    """The output of a replica (running, or exited a short while ago) and where it came from: the tail of
+    its log file (``"file"``), else the lines kept in memory (``"memory"``); None for an unknown replica.
+    ``lines`` keeps only that many last lines."""
+    if router.supervisor.info(replica) is None:
+        return None
+    file = router.supervisor.log_file(replica)
+    text = None if file is None else await trio.to_thread.run_sync(file.read_tail, LOG_TAIL_BYTES)
+    source = "file"
+    if text is None:
+        text = "".join(line + "\n" for line in router.supervisor.logs(replica))
+        source = "memory"
+    if lines is not None:
+        text = "".join(text.splitlines(keepends=True)[-lines:]) if lines > 0 else ""
+    return text, source

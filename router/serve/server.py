@@ -1,0 +1,171 @@
+"""Start the whole router: config → placement → scheduler + supervisor → HTTP server; drain on SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+import resource
+import signal
+import sys
+from collections.abc import Callable
+
+import httpx
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.config import Sockets
+from hypercorn.trio.run import worker_serve
+from hypercorn.utils import wrap_app
+
+from router.config.load import Config
+from router.config.source import ConfigSource
+from router.deploy.deployment import prepare
+from router.hosts.gpu_monitor import GpuMonitor
+from router.http.app import create_app
+from router.http.dash import register_dash, start_observers
+from router.http.request_headers import HEADERS_LIMIT
+from router.journal.history_lock import history_lock
+from router.serve import hypercorn_fixes
+from router.serve.listen import ListenError, open_sockets
+from router.shell.reload import reload_config
+from router.shell.runtime import Router
+
+log = logging.getLogger("router")
+LAST_RESORT_AFTER = 10.0
+FILES_RESERVED = 128  # descriptors kept for replicas' pipes, the history database, logs and the like
+
+
+def hypercorn_config(config: Config) -> HypercornConfig:
+    hc = HypercornConfig()
+    hc.bind = [f"{config.router.host}:{config.router.port}"]
+    hc.accesslog = None
+    hc.keep_alive_timeout = config.router.keep_alive_timeout
+    # The router drains in-flight work itself before it stops the HTTP server, so the server's own grace
+    # only has to flush the last bytes.
+    hc.graceful_timeout = 1.0
+    hc.h11_max_incomplete_size = HEADERS_LIMIT
+    hc.read_timeout = 300
+    return hc
+
+
+def connection_budget(config: Config) -> int:
+    """``max_connections``, or what the open-file limit allows. The limit is first raised towards its hard
+    maximum (at most 65536): each client connection costs a descriptor, two while its request is relayed,
+    and replicas, logs and the history database need some too."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if wanted > soft:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    if config.router.max_connections is not None:
+        return config.router.max_connections
+    return max(16, (soft - FILES_RESERVED) // 2)
+
+
+def build_router(config: Config, source: ConfigSource | None = None) -> Router:
+    """A router for ``config``; ``source`` is where reloads read the configuration again (None: its file)."""
+    monitor = GpuMonitor()
+    return Router(prepare(config, monitor), gpus=monitor, source=source)
+
+
+async def run_server(
+    config: Config,
+    *,
+    on_ready: Callable[[str], None] | None = None,
+    router: Router | None = None,
+    source: ConfigSource | None = None,
+    sockets: Sockets | None = None,
+) -> None:
+    """Serve until shutdown. ``source``: where reloads read the configuration again (None: its file).
+    ``sockets``: already listening (``router.serve.listen.open_sockets``); None binds the configured address
+    here. The history database is held for this router (``history_lock``) first."""
+    hypercorn_fixes.apply(config.router.send_timeout, connection_budget(config))
+    try:
+        with history_lock(config):
+            router = router or build_router(config, source)
+            await _serve_router(config, router, on_ready, sockets)
+    finally:
+        if router is not None:
+            router.gpus.close()
+
+
+async def _serve_router(
+    config: Config, router: Router, on_ready: Callable[[str], None] | None, sockets: Sockets | None
+) -> None:
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    timeout = httpx.Timeout(connect=10.0, read=config.router.reply_timeout, write=60.0, pool=None)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client, trio.open_nursery() as nursery:
+        observers = await start_observers(nursery, config, router, client)
+        await nursery.start(router.run)
+        app = create_app(config, router, client)
+        register_dash(app, config, router, observers, client)
+        http_done = trio.Event()
+        hc = hypercorn_config(config)
+
+        async def watch_signals() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for sig in signals:
+                    name = signal.Signals(sig).name
+                    log.info("%s: draining (up to %.0f s), then stopping", name, config.router.shutdown_grace)
+                    nursery.start_soon(stop)
+                    break
+                first = trio.current_time()
+                async for _ in signals:
+                    if trio.current_time() - first > 1.0:  # a repeat within a second is the same request
+                        log.warning("second signal: stopping now")
+                        router.submit_shutdown_now()
+                        nursery.start_soon(last_resort)
+                        break
+
+        async def last_resort() -> None:
+            # Replicas are stopped and stalled writes cut within seconds; if anything still holds the
+            # process after that, exit anyway (replicas die with the router: they get SIGKILL on its exit).
+            await trio.sleep(LAST_RESORT_AFTER)
+            log.error("still running %.0f s after the second signal: exiting now", LAST_RESORT_AFTER)
+            os._exit(1)
+
+        async def stop() -> None:
+            await router.shutdown(config.router.shutdown_grace)
+            http_done.set()
+            # hypercorn lets connections finish their last bytes for its graceful timeout; a client that
+            # is not reading them must not hold the process past that.
+            await trio.sleep(hc.graceful_timeout + 0.5)
+            cut = hypercorn_fixes.cut_stalled_writes()
+            if cut:
+                log.info("shutdown: cut %d connection(s) whose clients stopped reading", cut)
+
+        async def watch_hangups() -> None:
+            with trio.open_signal_receiver(signal.SIGHUP) as hangups:
+                async for _ in hangups:
+                    await reload_config(router)
+
+        nursery.start_soon(watch_signals)
+        nursery.start_soon(watch_hangups)
+        url = f"http://{config.router.host}:{config.router.port}"
+        log.info("llama-router listening on %s", url)
+        if on_ready is not None:
+            on_ready(url)
+        await worker_serve(
+            wrap_app(app, hc.wsgi_max_body_size, None), hc, sockets=sockets, shutdown_trigger=http_done.wait
+        )
+        nursery.cancel_scope.cancel()
+
+
+def main_run(config: Config, source: ConfigSource | None = None) -> int:
+    """Run the router; the listening socket is bound first, so a taken port fails before anything starts."""
+    try:
+        sockets = open_sockets(hypercorn_config(config), config.router.host, config.router.port)
+    except ListenError as exc:
+        return fail(str(exc))
+    try:
+        trio.run(functools.partial(run_server, config, source=source, sockets=sockets))
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def fail(message: str) -> int:
+    print(message, file=sys.stderr)
+    return 2

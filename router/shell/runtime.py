@@ -1,0 +1,427 @@
+"""The owner task: the only place where the scheduler's state lives and changes.
+
+Everything that happens (a request arrives, a client leaves, a replica becomes ready or exits, a deadline
+falls due) becomes an event on one memory channel. The owner task feeds each event to ``step()`` and carries
+out the commands it returns: it starts and stops processes through the Supervisor, and it wakes the HTTP
+handlers that wait for a decision about their request.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from router.config.llama_args import gpu_env
+from router.config.load import Config, config_dir
+from router.config.source import ConfigSource
+from router.deploy.deployment import Deployment
+from router.deploy.launch import ModelLaunch
+from router.hosts.gpu_monitor import GpuMonitor, Ours
+from router.journal.records import RequestRecord
+from router.shell.ports import free_port
+from router.shell.replica_logs import ReplicaLogs
+from router.shell.supervisor import (
+    LaunchSpec,
+    ProcessExited,
+    ProcessLoadFailed,
+    ProcessReady,
+    ProcessUnresponsive,
+    Supervisor,
+    SupervisorEvent,
+)
+from router.shell.ticket import Ticket, record_of
+from statemachine import (
+    CancelUpstream,
+    ClientGone,
+    Command,
+    Dispatch,
+    DispatchFailed,
+    Event,
+    IllegalEvent,
+    Kill,
+    LoadFailed,
+    Reject,
+    ReplicaExited,
+    ReplicaReady,
+    ReplicaUnresponsive,
+    RequestArrived,
+    RequestFinished,
+    SettingsChanged,
+    ShutdownRequested,
+    Spawn,
+    Startup,
+    State,
+    Stopped,
+    Tick,
+    UnloadRequested,
+    WakeAt,
+    initial_state,
+    step,
+)
+
+log = logging.getLogger("router")
+
+
+@attrs.frozen
+class Happening:
+    """A load, eviction or failure, kept for /status and the dashboard."""
+
+    at: float
+    kind: str
+    model: str
+    replica: int
+    reason: str
+
+
+Listener = Callable[[str, dict[str, Any]], None]
+RecordListener = Callable[[RequestRecord], None]
+
+
+class Router:
+    def __init__(
+        self, deployment: Deployment, *, gpus: GpuMonitor | None = None, source: ConfigSource | None = None
+    ) -> None:
+        self.deployment = deployment
+        self.source = source  # where a reload reads the configuration (None: the config file again)
+        self.gpus = gpus or GpuMonitor()
+        self.state: State = initial_state(deployment.settings, trio.current_time())
+        router = deployment.config.router
+        self.load_timeout = router.load_timeout
+        self.stop_timeout = router.stop_timeout
+        files = ReplicaLogs(
+            router.replica_logs, keep=router.replica_log_files, max_bytes=router.replica_log_max_mib << 20
+        )
+        self.supervisor = Supervisor(self._from_supervisor, log_lines=router.log_lines, log_files=files)
+        self.tickets: dict[int, Ticket] = {}
+        self.ports: dict[int, int] = {}
+        self.ready_at: dict[int, float] = {}
+        self.happenings: collections.deque[Happening] = collections.deque(maxlen=200)
+        self.listeners: list[Listener] = []
+        self.record_listeners: list[RecordListener] = []
+        self.stopped = trio.Event()
+        self._changed = trio.Event()
+        self._send, self._recv = trio.open_memory_channel[Event](math.inf)
+        self._next_rid = 1
+        self._timer_scope: trio.CancelScope | None = None
+        self._wake_at = math.inf
+
+    @property
+    def config(self) -> Config:
+        return self.deployment.config
+
+    @property
+    def launches(self) -> Mapping[str, ModelLaunch]:
+        return self.deployment.launches
+
+    @property
+    def plan_document(self) -> Mapping[str, Any]:
+        return self.deployment.plan_document
+
+    # ------------------------------------------------------------------------------- lifecycle
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self.supervisor.run)
+            nursery.start_soon(self._owner)
+            nursery.start_soon(self._timer)
+            self.submit(Startup())
+            task_status.started()
+            await self.stopped.wait()
+            nursery.cancel_scope.cancel()
+
+    async def shutdown(self, grace: float) -> None:
+        """Stop admitting, let in-flight work finish for up to ``grace`` seconds, then stop every replica."""
+        self.submit(ShutdownRequested(trio.current_time() + grace))
+        await self.stopped.wait()
+
+    # ---------------------------------------------------------------------------- handler side
+    def admit(
+        self, target: str, *, asked: str | None, endpoint: str, client: str, tokens: int | None
+    ) -> Ticket:
+        rid = self._next_rid
+        self._next_rid += 1
+        ticket = Ticket(rid, target, asked, endpoint, client, time.time())
+        self.tickets[rid] = ticket
+        self.submit(RequestArrived(rid, target, tokens))
+        return ticket
+
+    def finish(self, ticket: Ticket, *, completed: bool) -> None:
+        """The handler is done with ``ticket``: tell the scheduler what it needs to know, exactly once."""
+        if ticket.handler_gone:
+            return
+        ticket.handler_gone = True
+        self._record(ticket, completed)
+        if ticket.closed:
+            self.tickets.pop(ticket.rid, None)
+            return
+        if ticket.dispatch is not None and completed:
+            self.submit(RequestFinished(ticket.rid))
+        else:
+            self.submit(ClientGone(ticket.rid))
+
+    def ready_port(self, models: tuple[str, ...] | list[str]) -> int | None:
+        """The port of a ready replica of the first of ``models`` that has one."""
+        for model in models:
+            for replica in self.state.replicas:
+                if replica.model == model and replica.phase == "ready" and replica.id in self.ports:
+                    return self.ports[replica.id]
+        return None
+
+    def _record(self, ticket: Ticket, completed: bool) -> None:
+        if not self.record_listeners:
+            return
+        try:
+            record = record_of(ticket, completed=completed)
+        except Exception:
+            log.exception("could not build the record of request %d", ticket.rid)
+            return
+        self.publish(record)
+
+    def publish(self, record: RequestRecord) -> None:
+        """Hand a finished request's record to the history and the metrics; their faults stay theirs."""
+        for listener in self.record_listeners:
+            try:
+                listener(record)
+            except Exception:
+                log.exception("a request-record listener failed")
+
+    def submit_shutdown_now(self) -> None:
+        self.submit(ShutdownRequested(trio.current_time()))
+
+    def submit(self, event: Event) -> None:
+        self._send.send_nowait(event)
+
+    async def wait_until(self, predicate: Callable[[State], bool]) -> None:
+        while not predicate(self.state):
+            await self._changed.wait()
+
+    # ------------------------------------------------------------------------------ owner task
+    async def _owner(self) -> None:
+        async for event in self._recv:
+            self.feed(event)
+
+    def feed(self, event: Event) -> None:
+        now = trio.current_time()
+        if now > self.state.now:
+            self._step(Tick(now))
+        # A timer Tick that waited in the channel behind other events is older than the clock by now;
+        # the Tick(now) above has already done its work. Likewise a handler's RequestFinished/ClientGone
+        # can arrive after the scheduler let go of the request itself (its replica exited first).
+        stale_tick = isinstance(event, Tick) and event.now <= self.state.now
+        let_go = (
+            isinstance(event, ClientGone | RequestFinished | DispatchFailed)
+            and event.rid not in self.state.requests
+        )
+        if not (stale_tick or let_go):
+            self._step(event)
+        if isinstance(event, ClientGone | RequestFinished) and event.rid not in self.state.requests:
+            self.tickets.pop(event.rid, None)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _step(self, event: Event) -> None:
+        try:
+            self.state, commands = step(self.state, event)
+        except IllegalEvent as exc:
+            log.error("scheduler refused an event: %s", exc)
+            return
+        for command in commands:
+            self._carry_out(command)
+
+    def _carry_out(self, command: Command) -> None:
+        match command:
+            case Dispatch(rid=rid, replica=replica):
+                ticket = self.tickets[rid]
+                ticket.dispatch = command
+                ticket.port = self.ports.get(replica)
+                ticket.dispatched_at = time.monotonic()
+                ticket.decided.set()
+            case Reject(rid=rid):
+                ticket = self.tickets.get(rid)
+                if ticket is None:
+                    return
+                log.info(
+                    "refused request %d for %s: %d %s: %s",
+                    rid,
+                    ticket.target,
+                    command.status,
+                    command.code,
+                    command.message,
+                )
+                ticket.closed = True
+                if ticket.dispatch is None:
+                    ticket.reject = command
+                    ticket.decided.set()
+                else:
+                    ticket.failure = command
+                if ticket.handler_gone:
+                    self.tickets.pop(rid, None)
+            case CancelUpstream(rid=rid):
+                ticket = self.tickets[rid]
+                ticket.closed = True
+                self.tickets.pop(rid, None)
+                self.submit(RequestFinished(rid))
+            case Spawn():
+                self._spawn(command)
+            case Kill(replica=replica, model=model, reason=reason):
+                self._note("stop", model, replica, reason)
+                self.supervisor.kill(replica, reason)
+            case WakeAt(at=at):
+                self._wake_at = at
+                if self._timer_scope is not None:
+                    self._timer_scope.deadline = at
+            case Stopped():
+                self.stopped.set()
+
+    def _spawn(self, command: Spawn) -> None:
+        launch = self.launches[command.model]
+        shortfall = self._memory_shortfall(command)
+        if shortfall is not None:
+            # Other programs took the memory this replica was planned for: refuse the load with the sums
+            # instead of starting a process into an out-of-memory. No process exists, so it has exited.
+            self._note("load_failed", command.model, command.replica, shortfall)
+            self.submit(LoadFailed(command.replica, shortfall))
+            self.submit(ReplicaExited(command.replica, "not started: " + shortfall))
+            return
+        port = free_port()
+        self.ports[command.replica] = port
+        spec = LaunchSpec(
+            replica_id=command.replica,
+            model=command.model,
+            argv=launch.argv(port),
+            env=gpu_env(command.gpus),
+            port=port,
+            load_timeout=self.load_timeout,
+            stop_timeout=self.stop_timeout,
+            cwd=self._replica_dir(),
+            hang_timeout=self.config.router.hang_timeout,
+        )
+        self._note("load", command.model, command.replica, command.reason)
+        self.supervisor.spawn(spec)
+
+    def _replica_dir(self) -> str | None:
+        """Where replicas start: the config file's directory, so that relative paths in llama-server flags
+        (``mmproj``, ``model-draft``, ...) mean what they mean in the config file."""
+        folder = config_dir(self.config)
+        return str(folder) if folder.is_dir() else None
+
+    def our_pids(self) -> Ours:
+        """Per GPU, the process ids of our live replica processes there; GPUs without one are absent (a
+        replica whose process has not started yet, or has exited, holds no memory)."""
+        ours: dict[int, set[int]] = {}
+        for replica in self.state.replicas:
+            info = self.supervisor.info(replica.id)
+            if info is None or info.pid is None or info.exited:
+                continue
+            for gpu in replica.gpus:
+                ours.setdefault(gpu, set()).add(info.pid)
+        return ours
+
+    def _memory_shortfall(self, command: Spawn) -> str | None:
+        """Why the replica of ``command`` must not start (memory others took since planning), or None."""
+        if not command.gpus:
+            return None
+        state = self.state
+        need = {gpu: state.used(gpu) for gpu in command.gpus}
+        planned = {gpu: state.settings.budget(gpu) for gpu in command.gpus}
+        ours = self.our_pids()
+        try:
+            return self.gpus.shortfall(command.model, need, planned, ours)
+        except Exception as exc:  # never let a measurement problem stop a load
+            log.warning("GPU memory check before loading %s failed: %s", command.model, exc)
+            return None
+
+    def _from_supervisor(self, report: SupervisorEvent) -> None:
+        match report:
+            case ProcessReady(replica_id=replica):
+                self.ready_at[replica] = time.time()
+                self._note("ready", self._model_of(replica), replica, "answered /health")
+                self.submit(ReplicaReady(replica))
+            case ProcessLoadFailed(replica_id=replica, reason=reason):
+                self._note("load_failed", self._model_of(replica), replica, reason)
+                self.submit(LoadFailed(replica, reason))
+            case ProcessUnresponsive(replica_id=replica, reason=reason):
+                self._note("unresponsive", self._model_of(replica), replica, reason)
+                self.submit(ReplicaUnresponsive(replica, reason))
+            case ProcessExited(replica_id=replica, reason=reason, during_load=during_load):
+                kind = "load_failed" if during_load and "stopped:" not in reason else "exited"
+                self._note(kind, self._model_of(replica), replica, reason)
+                self.ports.pop(replica, None)
+                self.ready_at.pop(replica, None)
+                self.submit(ReplicaExited(replica, reason))
+
+    def _model_of(self, replica: int) -> str:
+        found = self.state.replica(replica)
+        if found is not None:
+            return found.model
+        info = self.supervisor.info(replica)
+        return info.model if info is not None else "?"
+
+    def _note(self, kind: str, model: str, replica: int, reason: str) -> None:
+        happening = Happening(time.time(), kind, model, replica, reason)
+        self.happenings.append(happening)
+        level = logging.WARNING if kind in ("load_failed", "unresponsive") else logging.INFO
+        log.log(level, "%s %s (replica %d): %s", kind, model, replica, reason)
+        for listener in self.listeners:
+            try:
+                listener(kind, attrs.asdict(happening))
+            except Exception:  # the metrics' faults stay theirs; the owner task must go on
+                log.exception("a happening listener failed")
+
+    async def _timer(self) -> None:
+        while True:
+            with trio.CancelScope(deadline=self._wake_at) as scope:
+                self._timer_scope = scope
+                await trio.sleep_forever()
+            self._timer_scope = None
+            self._wake_at = math.inf
+            self.submit(Tick(trio.current_time()))
+
+    # --------------------------------------------------------------------------------- reading
+    def redispatch(self, ticket: Ticket, reason: str) -> None:
+        """The replica ``ticket`` went to refused the connection: let the request wait for another."""
+        ticket.dispatch = None
+        ticket.port = None
+        ticket.decided = trio.Event()
+        self.submit(DispatchFailed(ticket.rid, reason))
+
+    def redeploy(self, deployment: Deployment, changed: frozenset[str]) -> None:
+        """Switch to a new deployment: ``changed`` models drain and stop; the rest keep serving."""
+        self.deployment = deployment
+        self.submit(SettingsChanged(deployment.settings, changed))
+
+    def unload(self, model: str | None, force: bool) -> None:
+        self.submit(UnloadRequested(model, force))
+
+    def queue_position(self, rid: int) -> tuple[int | None, str | None]:
+        """1-based position among waiting requests, and the model being loaded for it (if any)."""
+        request = self.state.requests.get(rid)
+        if request is None or request.phase != "queued":
+            return None, None
+        position = 1 + sum(
+            1 for r in self.state.requests.values() if r.phase == "queued" and r.seq < request.seq
+        )
+        loading = [r for r in self.state.replicas if r.phase == "loading"]
+        names = {r.model for r in loading}
+        target_models = (
+            set(self.state.settings.pools[request.target].members)
+            if (request.target in self.state.settings.pools)
+            else {request.target}
+        )
+        mine = sorted(names & target_models)
+        if not mine:
+            return position, None
+        started = min(self.supervisor_started(r.id) for r in loading if r.model in mine)
+        return position, f"{mine[0]} ({started:.0f} s so far)"
+
+    def supervisor_started(self, replica: int) -> float:
+        info = self.supervisor.info(replica)
+        if info is None or info.started_at is None:
+            return 0.0
+        return max(0.0, time.time() - info.started_at)

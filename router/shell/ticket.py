@@ -1,0 +1,81 @@
+"""The shell's side of one request: what its HTTP handler waits on, and the record it leaves."""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+import trio
+
+from router.journal.records import CLIENT_CLOSED, ERROR_TEXT_LIMIT, Observation, RequestRecord
+from statemachine import Dispatch, Reject
+
+
+@attrs.define(eq=False)
+class Ticket:
+    """The shell's side of one request: what the HTTP handler waits on."""
+
+    rid: int
+    target: str
+    asked: str | None
+    endpoint: str
+    client: str
+    started: float
+    decided: trio.Event = attrs.field(factory=trio.Event)
+    dispatch: Dispatch | None = None
+    port: int | None = None
+    reject: Reject | None = None
+    failure: Reject | None = None
+    closed: bool = False  # the scheduler no longer owns the request (rejected, finished or forgotten)
+    handler_gone: bool = False
+    queued_at: float = attrs.field(factory=time.monotonic)
+    dispatched_at: float | None = None
+    observed: Observation = attrs.field(factory=Observation)
+
+    @property
+    def model(self) -> str | None:
+        return None if self.dispatch is None else self.dispatch.model
+
+
+def record_of(ticket: Ticket, *, completed: bool, now: float | None = None) -> RequestRecord:
+    """The record of an admitted request whose handler has just finished (``now``: time.monotonic())."""
+    now = time.monotonic() if now is None else now
+    observed = ticket.observed
+    status = observed.status
+    error = observed.error
+    sniffer = observed.sniffer
+    if sniffer is not None:
+        sniffer.close()
+        if sniffer.error is not None:
+            code, text = sniffer.error
+            error = error or text
+            if code is not None and code >= 400 and (status is None or status < 400):
+                status = code
+    if ticket.reject is not None:
+        status, error = ticket.reject.status, ticket.reject.message
+    elif ticket.failure is not None:
+        status, error = ticket.failure.status, ticket.failure.message
+    if not completed and (status is None or status < 400):
+        status, error = CLIENT_CLOSED, "the client closed the connection before the reply ended"
+    if status is None:
+        status = 200
+    usage = sniffer.usage if sniffer is not None else None
+    first = sniffer.first_content_at if sniffer is not None else None
+    dispatched = ticket.dispatched_at
+    return RequestRecord(
+        at=ticket.started,
+        client=ticket.client,
+        endpoint=ticket.endpoint,
+        model_asked=ticket.asked,
+        model_served=ticket.model,
+        status=status,
+        duration=max(0.0, now - ticket.queued_at),
+        queue_wait=None if dispatched is None else max(0.0, dispatched - ticket.queued_at),
+        ttft=None if first is None else max(0.0, first - ticket.queued_at),
+        prompt_tokens=None if usage is None else usage.prompt_tokens,
+        generated_tokens=None if usage is None else usage.generated_tokens,
+        cached_tokens=None if usage is None else usage.cached_tokens,
+        error=None if error is None else error[:ERROR_TEXT_LIMIT],
+        target=ticket.target,
+        stream=observed.stream,
+    )
