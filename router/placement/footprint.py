@@ -66,7 +66,7 @@ Recurrent state
 
 Compute buffer
     See :func:`compute_bytes`: an estimate calibrated against llama-server's "compute buffer size" log
-    lines (``tests/test_calibration_real.py``).
+    lines (``tests/real/test_calibration_real.py``).
 
 Reserve
     A fixed amount per device for what no buffer log shows: the CUDA/ROCm context, cuBLAS/hipBLAS
@@ -587,9 +587,9 @@ def compute_bytes(
     2048, n_ff 128 to 8192, GQA 1:1 to 8:1, head sizes 16 to 128, 1 to 4 slots, flash attention on and
     off): within 0.1% wherever the feed-forward or the no-flash-attention phase dominates (every shape with
     n_ff >= 2.5 n_embd, i.e. real models); on toy shapes with a narrow feed-forward, where the overlap of
-    short-lived tensors decides, between -7% and +28%. tests/test_calibration_real.py re-checks a handful.
-    The CUDA/ROCm graph is the same; their temporary pools (cuBLAS workspaces, the flash-attention pool)
-    are not in this buffer and are part of the per-device reserve.
+    short-lived tensors decides, between -7% and +28%. tests/real/test_calibration_real.py re-checks a
+    handful. The CUDA/ROCm graph is the same; their temporary pools (cuBLAS workspaces, the flash-attention
+    pool) are not in this buffer and are part of the per-device reserve.
     """
     u = min(ubatch, layout.n_ctx)
     e = geometry.n_embd

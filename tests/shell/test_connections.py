@@ -1,0 +1,119 @@
+"""Client connections end when HTTP says they end: Connection: close, HTTP/1.0, idle keep-alive."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import trio
+
+from tests.support.harness import RouterHandle, running_router
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+async def exchange(
+    h: RouterHandle, head: str, body: bytes = b"", *, within: float = 10.0
+) -> tuple[bytes, float]:
+    """Send one raw request; read until the router closes the connection. Returns the bytes and how long
+    the close took after the request was sent (fails when it does not close ``within`` seconds)."""
+    stream = await trio.open_tcp_stream("127.0.0.1", h.config.router.port)
+    started = trio.current_time()
+    data = b""
+    async with stream:
+        await stream.send_all(head.replace("\n", "\r\n").encode() + b"\r\n" + body)
+        with trio.fail_after(within):
+            while chunk := await stream.receive_some(65536):
+                data += chunk
+    return data, trio.current_time() - started
+
+
+def post(path: str, body: bytes, version: str, extra: str = "") -> str:
+    return (
+        f"POST {path} HTTP/{version}\nHost: 127.0.0.1\nContent-Type: application/json\n"
+        f"Content-Length: {len(body)}\n{extra}"
+    )
+
+
+async def test_connection_close_and_http_10_end_the_connection_after_the_reply(tmp_path: Path) -> None:
+    async with running_router(tmp_path, {"m": {}}) as h:
+        data, _ = await exchange(h, "GET /health HTTP/1.0\n")
+        assert data.startswith(b"HTTP/1.1 200") and data.endswith(b'{"status": "ok"}')
+
+        data, _ = await exchange(h, "GET /v1/models HTTP/1.1\nHost: 127.0.0.1\nConnection: close\n")
+        assert json.loads(data.split(b"\r\n\r\n", 1)[1])["data"][0]["id"] == "m"
+
+        body = json.dumps(CHAT).encode()
+        data, _ = await exchange(h, post("/v1/chat/completions", body, "1.0"), body)
+        assert json.loads(data.split(b"\r\n\r\n", 1)[1])["choices"][0]["finish_reason"] == "length"
+
+        # A stream to an HTTP/1.0 client has no chunked framing: the close is what ends it.
+        streamed = json.dumps({**CHAT, "stream": True}).encode()
+        data, _ = await exchange(h, post("/v1/chat/completions", streamed, "1.0"), streamed)
+        head, rest = data.split(b"\r\n\r\n", 1)
+        assert b"transfer-encoding" not in head.lower() and rest.rstrip().endswith(b"data: [DONE]")
+
+        data, _ = await exchange(
+            h, post("/v1/chat/completions", streamed, "1.1", "Connection: close\n"), streamed
+        )
+        assert b"data: [DONE]" in data and data.endswith(b"0\r\n\r\n")  # the last chunk, then the close
+
+
+async def test_idle_keep_alive_connections_are_closed_after_the_timeout(tmp_path: Path) -> None:
+    async with running_router(tmp_path, {"m": {}}, router={"keep_alive_timeout": 1.0}) as h:
+        stream = await trio.open_tcp_stream("127.0.0.1", h.config.router.port)
+        async with stream:
+            for _ in range(2):  # the timer is re-armed after every response, not only the first
+                await stream.send_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                reply = b""
+                with trio.fail_after(5):
+                    while not reply.endswith(b'{"status": "ok"}'):
+                        reply += await stream.receive_some(65536)
+                assert reply.startswith(b"HTTP/1.1 200")
+            idle_from = trio.current_time()
+            with trio.fail_after(10):
+                assert await stream.receive_some(65536) == b""
+            assert trio.current_time() - idle_from >= 0.9
+
+
+async def test_connections_past_the_budget_get_503_at_once_and_slow_clients_cannot_starve_it(
+    tmp_path: Path,
+) -> None:
+    """Slowloris: clients that trickle a request line keep their connections; past max_connections a
+    new connection is answered 503 in the OpenAI shape without being read; when they go, service resumes."""
+    async with running_router(tmp_path, {"m": {}}, router={"max_connections": 6}) as h:
+        port = h.config.router.port
+        slow = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(6)]
+        for conn in slow:
+            # A request line and one header, never finished.
+            await conn.send_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        await trio.sleep(0.2)
+        data, took = await exchange(h, "GET /v1/models HTTP/1.1\nHost: 127.0.0.1\n", within=5)
+        head, body = data.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 503") and b"retry-after: 1" in head.lower()
+        error = json.loads(body)["error"]
+        assert error["code"] == "too_many_connections" and "max_connections" in error["message"]
+        assert took < 2
+        for conn in slow:
+            await conn.aclose()
+        with trio.fail_after(5):
+            while True:
+                reply = await h.client.get("/v1/models")  # the pooled client opens a new connection
+                if reply.status_code == 200:
+                    break
+                await trio.sleep(0.05)
+
+
+async def test_requests_hypercorn_cannot_parse_get_the_openai_error_shape(tmp_path: Path) -> None:
+    async with running_router(tmp_path, {"m": {}}) as h:
+        cases = {
+            "NONSENSE\n": 400,
+            "GET /health HTTP/1.1\nHost: 127.0.0.1\nContent-Length: 1\nContent-Length: 2\n": 400,
+            "GET /health HTTP/1.1\nHost: 127.0.0.1\nX-Big: " + "a" * 70_000 + "\n": 431,
+        }
+        for head, status in cases.items():
+            data, _ = await exchange(h, head)
+            top, body = data.split(b"\r\n\r\n", 1)
+            assert top.startswith(f"HTTP/1.1 {status}".encode()), top
+            error = json.loads(body)["error"]
+            assert error["type"] == "invalid_request_error" and error["message"]

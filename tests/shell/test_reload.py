@@ -1,0 +1,103 @@
+"""Config reload (POST /reload, SIGHUP): unchanged models keep serving, changed ones drain, bad files fail."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from tests.support.harness import (
+    assert_openai_error,
+    chat_body,
+    largest_gap,
+    post_chat,
+    router_process,
+    running_router,
+    stream,
+)
+
+MODELS: dict[str, Any] = {
+    "a": {"parallel": 1, "gpus": [0], "sim": {"tokens": 300, "token_rate": 100.0}},
+    "b": {"parallel": 1, "gpus": [1], "sim": {"tokens": 4}},
+}
+ROUTER = {"num_gpus": 2}
+
+
+def _edit(dir: Path, change: Any) -> None:
+    path = dir / "router.json"
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc, indent=1))
+
+
+async def test_reload_keeps_an_unchanged_stream_and_restarts_what_changed(tmp_path: Path) -> None:
+    async with running_router(tmp_path, MODELS, router=ROUTER) as rt:
+        assert (await post_chat(rt.client, "b", max_tokens=2)).status_code == 200
+        b_pid = (await rt.status())["replicas"][0]["pid"]
+        results: dict[str, Any] = {}
+        async with trio.open_nursery() as nursery:
+            first = trio.Event()
+
+            async def long() -> None:
+                results["a"] = await stream(
+                    rt.client, "/v1/chat/completions", chat_body("a"), on_event=lambda e: first.set()
+                )
+                first.set()
+
+            nursery.start_soon(long)
+            await first.wait()
+            a_pid = next(r["pid"] for r in (await rt.status())["replicas"] if r["model"] == "a")
+
+            def change(doc: dict[str, Any]) -> None:
+                doc["models"]["b"]["parallel"] = 2
+                doc["models"]["c"] = {**doc["models"]["b"], "gpus": [1], "parallel": 1}
+
+            _edit(rt.dir, change)
+            reply = await rt.client.post("/reload", json={})
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["restarted"] == ["b"]
+        a = results["a"]
+        assert a.done and len(a.tokens) >= 300
+        assert largest_gap(a.token_times) < 0.5
+        status = await rt.status()
+        assert any(r["model"] == "a" and r["pid"] == a_pid for r in status["replicas"])
+        assert not any(r["pid"] == b_pid and r["state"] != "stopping" for r in status["replicas"])
+        for name in ("a", "b", "c"):
+            assert (await post_chat(rt.client, name, max_tokens=2)).status_code == 200, name
+        assert {m["id"] for m in (await rt.models())["data"]} >= {"a", "b", "c"}
+        assert rt.router.state.settings.models["b"].slots == 2
+
+
+async def test_an_invalid_new_config_is_refused_and_the_old_one_keeps_serving(tmp_path: Path) -> None:
+    async with running_router(tmp_path, MODELS, router=ROUTER) as rt:
+        _edit(rt.dir, lambda doc: doc["models"]["a"].update(parallel=0))
+        reply = await rt.client.post("/reload", json={})
+        error = assert_openai_error(reply, 400, "invalid_config")
+        assert "models.a.parallel = 0" in error["message"]
+        assert (await post_chat(rt.client, "a", max_tokens=2)).status_code == 200
+
+
+async def test_removed_models_drain_and_their_waiters_are_answered(tmp_path: Path) -> None:
+    async with running_router(tmp_path, MODELS, router=ROUTER) as rt:
+        assert (await post_chat(rt.client, "b", max_tokens=2)).status_code == 200
+        _edit(rt.dir, lambda doc: doc["models"].pop("b"))
+        assert (await rt.client.post("/reload", json={})).status_code == 200
+        await rt.wait_state(lambda s: not any(r.model == "b" for r in s.replicas))
+        assert_openai_error(await post_chat(rt.client, "b"), 404, "model_not_found")
+
+
+async def test_sighup_reloads_a_running_router(tmp_path: Path) -> None:
+    async with router_process(tmp_path, MODELS, router=ROUTER) as proc:
+        _edit(tmp_path, lambda doc: doc["models"].update(c=dict(doc["models"]["b"])))
+        proc.signal(signal.SIGHUP)
+        with trio.fail_after(10):
+            while True:
+                reply = await proc.client.get("/v1/models")
+                if "c" in {m["id"] for m in reply.json()["data"]}:
+                    break
+                await trio.sleep(0.05)
+        reply = await proc.client.post("/v1/chat/completions", json=chat_body("c", max_tokens=2))
+        assert reply.status_code == 200

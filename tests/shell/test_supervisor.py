@@ -1,0 +1,406 @@
+"""The llama-server process supervisor, driven against the simulated llama-server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+import trio
+
+from router.shell.logring import LineSplitter, telling_lines
+from router.shell.supervisor import (
+    LaunchSpec,
+    ProcessExited,
+    ProcessLoadFailed,
+    ProcessReady,
+    Supervisor,
+    SupervisorEvent,
+    free_port,
+)
+from tests.support.simtools import read_records, sim_launcher, write_sim_model
+
+REPO = Path(__file__).resolve().parents[2]
+LINUX = sys.platform.startswith("linux")
+
+
+@attrs.define(eq=False)
+class Recorder:
+    """The supervisor's report callback: keeps every event with the Trio time it arrived."""
+
+    events: list[tuple[float, SupervisorEvent]] = attrs.field(factory=list)
+    _changed: trio.Event = attrs.field(factory=trio.Event)
+
+    def __call__(self, event: SupervisorEvent) -> None:
+        self.events.append((trio.current_time(), event))
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def of(self, replica_id: int) -> list[SupervisorEvent]:
+        return [e for _, e in self.events if e.replica_id == replica_id]
+
+    async def wait_for(self, kind: type[Any], replica_id: int, timeout: float = 20.0) -> tuple[float, Any]:
+        with trio.fail_after(timeout):
+            while True:
+                for at, event in self.events:
+                    if isinstance(event, kind) and event.replica_id == replica_id:
+                        return at, event
+                await self._changed.wait()
+
+
+@pytest.fixture
+async def sup(nursery: trio.Nursery) -> AsyncIterator[tuple[Supervisor, Recorder]]:
+    recorder = Recorder()
+    supervisor = Supervisor(recorder)
+    await nursery.start(supervisor.run)
+    yield supervisor, recorder
+    await supervisor.aclose()
+
+
+def sim_spec(
+    dir: Path,
+    replica_id: int,
+    *,
+    load_timeout: float = 20.0,
+    stop_timeout: float = 5.0,
+    env: dict[str, str] | None = None,
+    **behaviour: Any,
+) -> LaunchSpec:
+    name = f"m{replica_id}"
+    model = write_sim_model(dir, name, **behaviour)
+    port = free_port()
+    argv = (
+        str(sim_launcher(dir)),
+        "-m",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-ngl",
+        "99",
+    )
+    return LaunchSpec(
+        replica_id=replica_id,
+        model=name,
+        argv=argv,
+        env=env or {},
+        port=port,
+        load_timeout=load_timeout,
+        stop_timeout=stop_timeout,
+    )
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` is a running (not zombie) process."""
+    if LINUX:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def test_ready_after_load_delay_then_stopped(sup: tuple[Supervisor, Recorder], tmp_path: Path) -> None:
+    supervisor, rec = sup
+    spec = sim_spec(tmp_path, 1, load_delay=0.8)
+    spawned = trio.current_time()
+    supervisor.spawn(spec)
+    ready_at, _ = await rec.wait_for(ProcessReady, 1)
+    assert ready_at - spawned >= 0.8
+    info = supervisor.info(1)
+    assert info is not None and info.pid is not None
+    assert info.ready and not info.exited and info.port == spec.port and info.argv == spec.argv
+    assert alive(info.pid)
+
+    supervisor.kill(1, "model evicted")
+    _, exited = await rec.wait_for(ProcessExited, 1)
+    assert any("model loaded" in line for line in supervisor.logs(1))
+    assert exited.reason == "stopped: model evicted"
+    assert not exited.during_load
+    assert not alive(info.pid)
+    assert rec.of(1) == [ProcessReady(1), exited]
+    after = supervisor.info(1)
+    assert after is not None and after.exited and after.returncode == exited.returncode
+
+
+async def test_env_reaches_the_child(sup: tuple[Supervisor, Recorder], tmp_path: Path) -> None:
+    supervisor, rec = sup
+    records = tmp_path / "records"
+    env = {"CUDA_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "1"}
+    supervisor.spawn(sim_spec(tmp_path, 2, env=env, record_dir=records, load_delay=0.0))
+    await rec.wait_for(ProcessReady, 2)
+    [record] = read_records(records)
+    assert record["env"]["CUDA_VISIBLE_DEVICES"] == "1"
+    assert record["env"]["HIP_VISIBLE_DEVICES"] == "1"
+    assert record["env"]["PATH"] == os.environ["PATH"]  # merged over the router's environment
+    info = supervisor.info(2)
+    assert info is not None and record["pid"] == info.pid
+    supervisor.kill(2, "done")
+    await rec.wait_for(ProcessExited, 2)
+    # The output is drained before the exit is reported: the child's line naming the GPU it saw is there.
+    [buffer_line] = [line for line in supervisor.logs(2) if "model buffer size" in line]
+    assert "ROCm0" in buffer_line  # HIP_VISIBLE_DEVICES made the child see an AMD GPU, not the CPU
+
+
+async def test_oom_at_load_is_reported_with_the_oom_line(
+    sup: tuple[Supervisor, Recorder], tmp_path: Path
+) -> None:
+    supervisor, rec = sup
+    supervisor.spawn(sim_spec(tmp_path, 3, oom_at_load=True, load_delay=0.1))
+    _, exited = await rec.wait_for(ProcessExited, 3)
+    assert exited.during_load
+    assert exited.returncode not in (None, 0)
+    assert f"exit code {exited.returncode}" in exited.reason
+    oom_lines = [line for line in supervisor.logs(3) if "out of memory" in line]
+    assert oom_lines and oom_lines[0].strip() in exited.reason
+    assert "m3" in exited.reason
+    assert rec.of(3) == [exited]
+
+
+async def test_exit_at_load_quotes_failure_lines(sup: tuple[Supervisor, Recorder], tmp_path: Path) -> None:
+    supervisor, rec = sup
+    supervisor.spawn(sim_spec(tmp_path, 4, exit_at_load=3, load_delay=0.0))
+    _, exited = await rec.wait_for(ProcessExited, 4)
+    assert exited.during_load and exited.returncode == 3
+    assert "exit code 3" in exited.reason
+    assert "failed to load model" in exited.reason
+    assert "starting the main loop" not in exited.reason
+
+
+async def test_health_hang_fails_load_within_timeout(
+    sup: tuple[Supervisor, Recorder], tmp_path: Path
+) -> None:
+    supervisor, rec = sup
+    spawned = trio.current_time()
+    supervisor.spawn(sim_spec(tmp_path, 5, hang_health=True, load_delay=0.0, load_timeout=1.5))
+    failed_at, failed = await rec.wait_for(ProcessLoadFailed, 5)
+    assert 1.5 <= failed_at - spawned < 1.5 + 3.0
+    assert "did not answer /health within 1.5 s" in failed.reason
+    assert "'m5'" in failed.reason
+    _, exited = await rec.wait_for(ProcessExited, 5)
+    assert exited.during_load
+    assert exited.reason.startswith("stopped: ")
+    assert [type(e) for e in rec.of(5)] == [ProcessLoadFailed, ProcessExited]
+
+
+async def test_sigterm_ignored_means_sigkill_after_stop_timeout(
+    sup: tuple[Supervisor, Recorder], tmp_path: Path
+) -> None:
+    supervisor, rec = sup
+    supervisor.spawn(sim_spec(tmp_path, 6, ignore_sigterm=True, load_delay=0.0, stop_timeout=1.5))
+    await rec.wait_for(ProcessReady, 6)
+    asked = trio.current_time()
+    supervisor.kill(6, "first")
+    supervisor.kill(6, "second")  # idempotent: the first reason stays
+    exited_at, exited = await rec.wait_for(ProcessExited, 6)
+    assert 1.5 <= exited_at - asked < 1.5 + 3.0
+    assert exited.returncode == -signal.SIGKILL
+    assert exited.reason == "stopped: first"
+    assert len([e for e in rec.of(6) if isinstance(e, ProcessExited)]) == 1
+
+
+async def test_obedient_child_stops_long_before_stop_timeout(
+    sup: tuple[Supervisor, Recorder], tmp_path: Path
+) -> None:
+    supervisor, rec = sup
+    supervisor.spawn(sim_spec(tmp_path, 7, load_delay=0.0, stop_timeout=30.0))
+    await rec.wait_for(ProcessReady, 7)
+    asked = trio.current_time()
+    supervisor.kill(7, "done")
+    exited_at, exited = await rec.wait_for(ProcessExited, 7)
+    assert exited_at - asked < 10.0
+    assert exited.returncode != -signal.SIGKILL
+
+
+async def test_kill_during_load_reports_exit_during_load(
+    sup: tuple[Supervisor, Recorder], tmp_path: Path
+) -> None:
+    supervisor, rec = sup
+    supervisor.spawn(sim_spec(tmp_path, 8, load_delay=30.0))
+    with trio.fail_after(20):
+        while not any("loading model" in line for line in supervisor.logs(8)):
+            await trio.sleep(0.05)
+    info = supervisor.info(8)
+    assert info is not None and info.pid is not None and not info.ready
+    supervisor.kill(8, "not needed any more")
+    _, exited = await rec.wait_for(ProcessExited, 8)
+    assert exited.during_load and exited.reason == "stopped: not needed any more"
+    assert exited.returncode is not None
+    assert not alive(info.pid)
+    assert rec.of(8) == [exited]
+
+
+async def test_kill_right_after_spawn_never_starts_the_process(
+    sup: tuple[Supervisor, Recorder], tmp_path: Path
+) -> None:
+    supervisor, rec = sup
+    records = tmp_path / "records"
+    supervisor.spawn(sim_spec(tmp_path, 13, record_dir=records))
+    supervisor.kill(13, "changed my mind")
+    _, exited = await rec.wait_for(ProcessExited, 13)
+    assert exited == ProcessExited(13, None, True, "stopped: changed my mind")
+    info = supervisor.info(13)
+    assert info is not None and info.pid is None and info.exited
+    await trio.sleep(0.5)
+    assert read_records(records) == []
+
+
+async def test_kill_unknown_or_dead_replica_is_a_no_op(
+    sup: tuple[Supervisor, Recorder], tmp_path: Path
+) -> None:
+    supervisor, rec = sup
+    supervisor.kill(12345, "nobody")
+    supervisor.spawn(sim_spec(tmp_path, 9, exit_at_load=1, load_delay=0.0))
+    await rec.wait_for(ProcessExited, 9)
+    supervisor.kill(9, "too late")
+    await trio.sleep(0.2)
+    [exited] = rec.of(9)
+    assert isinstance(exited, ProcessExited) and "too late" not in exited.reason
+    assert rec.of(12345) == []
+
+
+async def test_ring_buffer_keeps_the_last_lines_of_both_streams(
+    tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    rec = Recorder()
+    supervisor = Supervisor(rec, log_lines=5)
+    await nursery.start(supervisor.run)
+    script = (
+        "import sys\n"
+        "for i in range(40):\n"
+        "    print('line', i, file=sys.stderr if i % 2 else sys.stdout, flush=True)\n"
+    )
+    port = free_port()
+    supervisor.spawn(LaunchSpec(10, "chatty", (sys.executable, "-c", script), {}, port, 20.0, 5.0))
+    _, exited = await rec.wait_for(ProcessExited, 10)
+    assert supervisor.logs(10) == [f"line {i}" for i in range(35, 40)]
+    assert exited.returncode == 0 and exited.during_load
+    assert "exit code 0" in exited.reason and "line 39" in exited.reason
+    await supervisor.aclose()
+
+
+async def test_spawn_failure_names_binary_and_error(sup: tuple[Supervisor, Recorder], tmp_path: Path) -> None:
+    supervisor, rec = sup
+    missing = tmp_path / "no-such-llama-server"
+    supervisor.spawn(LaunchSpec(11, "ghost", (str(missing), "-m", "x.gguf"), {}, free_port(), 5.0, 1.0))
+    _, exited = await rec.wait_for(ProcessExited, 11)
+    assert exited.returncode is None and exited.during_load
+    assert str(missing) in exited.reason and "No such file" in exited.reason
+
+    not_executable = tmp_path / "plain-file"
+    not_executable.write_text("not a program")
+    supervisor.spawn(LaunchSpec(12, "ghost", (str(not_executable),), {}, free_port(), 5.0, 1.0))
+    _, exited = await rec.wait_for(ProcessExited, 12)
+    assert exited.returncode is None and "Permission denied" in exited.reason
+
+
+async def test_cancelling_run_kills_children(tmp_path: Path) -> None:
+    rec = Recorder()
+    supervisor = Supervisor(rec)
+    pids: list[int] = []
+    async with trio.open_nursery() as nursery:
+        await nursery.start(supervisor.run)
+        supervisor.spawn(sim_spec(tmp_path, 20, load_delay=0.0))
+        supervisor.spawn(sim_spec(tmp_path, 21, load_delay=0.0, ignore_sigterm=True, stop_timeout=1.0))
+        supervisor.spawn(sim_spec(tmp_path, 22, load_delay=60.0))
+        for replica_id in (20, 21):
+            await rec.wait_for(ProcessReady, replica_id)
+        for replica_id in (20, 21, 22):
+            info = supervisor.info(replica_id)
+            assert info is not None and info.pid is not None
+            pids.append(info.pid)
+        assert all(alive(pid) for pid in pids)
+        nursery.cancel_scope.cancel()
+    assert not any(alive(pid) for pid in pids)
+    for replica_id in (20, 21, 22):
+        [exited] = [e for e in rec.of(replica_id) if isinstance(e, ProcessExited)]
+        assert exited.reason == "stopped: supervisor shutting down"
+    assert [e.during_load for e in (rec.of(20)[-1], rec.of(21)[-1], rec.of(22)[-1])] == [False, False, True]
+
+
+PARENT_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    import trio
+    from router.shell.supervisor import LaunchSpec, ProcessReady, Supervisor
+
+    async def main():
+        ready = trio.Event()
+        sup = Supervisor(lambda e: ready.set() if isinstance(e, ProcessReady) else None)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sup.run)
+            sup.spawn(LaunchSpec(1, "m", tuple(sys.argv[2:]), {}, int(sys.argv[1]), 20.0, 5.0))
+            await ready.wait()
+            print(sup.info(1).pid, flush=True)
+            await trio.sleep_forever()
+
+    trio.run(main)
+    """
+)
+
+
+@pytest.mark.skipif(not LINUX, reason="the parent-death signal is Linux-only")
+async def test_sigkilled_parent_leaves_no_child(tmp_path: Path) -> None:
+    spec = sim_spec(tmp_path, 1, load_delay=0.0)
+    parent = await trio.lowlevel.open_process(
+        [sys.executable, "-c", PARENT_SCRIPT, str(spec.port), *spec.argv],
+        stdout=subprocess.PIPE,
+        cwd=REPO,
+    )
+    child: int | None = None
+    try:
+        assert parent.stdout is not None
+        with trio.fail_after(20):
+            out = b""
+            while not out.endswith(b"\n"):
+                chunk = await parent.stdout.receive_some(100)
+                assert chunk, "parent script ended before printing the child's pid"
+                out += chunk
+        child = int(out)
+        assert alive(child)
+        parent.kill()
+        await parent.wait()
+        with trio.move_on_after(5):
+            while alive(child):
+                await trio.sleep(0.05)
+        assert not alive(child)
+    finally:
+        if child is not None and alive(child):
+            os.kill(child, signal.SIGKILL)  # the test failed; do not leave the orphan behind
+        if parent.returncode is None:
+            parent.kill()
+            await parent.wait()
+
+
+def test_line_splitter_handles_partial_crlf_long_and_invalid_input() -> None:
+    splitter = LineSplitter(max_line=8)
+    assert splitter.feed(b"ab") == []
+    assert splitter.feed(b"c\r\nde\n\xff\n") == ["abc", "de", "\ufffd"]
+    assert splitter.feed(b"0123456789") == ["01234567"]
+    assert splitter.flush() == ["89"]
+    assert splitter.flush() == []
+
+
+def test_telling_lines_put_out_of_memory_first() -> None:
+    noise = [f"load_tensors: layer {i} assigned" for i in range(20)]
+    oom = (
+        "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9000.00 MiB: cudaMalloc failed: out of memory"
+    )
+    failures = [f"step {i}: failed to load model" for i in range(10)]
+    picked = telling_lines([*noise, oom, *failures, "main: exiting"], most=3)
+    assert picked == [oom, "step 8: failed to load model", "step 9: failed to load model"]
+    assert telling_lines([*noise, "", "  "], tail=2) == noise[-2:]
+    assert telling_lines([]) == []

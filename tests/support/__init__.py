@@ -1,0 +1,1 @@
+"""What the test tiers share: routers to start, simulated and real llama-servers, stand-ins."""

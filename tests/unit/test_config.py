@@ -1,0 +1,753 @@
+"""Configuration loading: every validation rule and its message, environment overrides, JSON, reference."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from router.config.load import (
+    ALL_GPUS,
+    Config,
+    ConfigError,
+    ModelConfig,
+    Pricing,
+    ReasoningEffort,
+    RouterSettings,
+    check_gpu_ids,
+    config_from_dict,
+    load_config,
+    read_api_keys,
+    reference_markdown,
+    resolve_gpus,
+    resolve_name,
+)
+from router.config.schema import DEVICE_KEYS, MODEL_KEYS, POOL_KEYS, ROUTER_KEYS
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "full.toml"
+FILE = "/etc/llama-router.toml"
+
+
+def base() -> dict[str, Any]:
+    return {
+        "router": {"num_gpus": 2},
+        "models": {
+            "qwen": {"model": "/models/qwen.gguf", "parallel": 4, "aliases": ["qwen-latest"]},
+            "small": {"model": "/models/small.gguf"},
+        },
+        "pools": {"chat": {"members": ["qwen", "small"], "aliases": ["auto-chat"]}},
+    }
+
+
+def build(change: Callable[[dict[str, Any]], None] | None = None, **kwargs: Any) -> Config:
+    data = base()
+    if change is not None:
+        change(data)
+    return config_from_dict(data, FILE, **kwargs)
+
+
+def error_of(change: Callable[[dict[str, Any]], None], **kwargs: Any) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        build(change, **kwargs)
+    return info.value
+
+
+def setter(dotted: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(data: dict[str, Any]) -> None:
+        *parents, last = dotted.split(".")
+        table = data
+        for part in parents:
+            table = table.setdefault(part, {})
+        table[last] = value
+
+    return change
+
+
+def deleter(dotted: str) -> Callable[[dict[str, Any]], None]:
+    def change(data: dict[str, Any]) -> None:
+        *parents, last = dotted.split(".")
+        table = data
+        for part in parents:
+            table = table[part]
+        del table[last]
+
+    return change
+
+
+def test_the_documented_message_exactly() -> None:
+    err = error_of(setter("models.qwen.parallel", 0))
+    assert str(err) == (
+        "config error in /etc/llama-router.toml: models.qwen.parallel = 0 is invalid: must be an integer >= 1"
+    )
+    assert err.path == FILE
+    assert err.key == "models.qwen.parallel"
+
+
+# (key to set, value, the value as the message shows it, words of the rule)
+BAD_VALUES = [
+    ("router.host", "", '""', "non-empty string"),
+    ("router.port", 70000, "70000", "an integer between 0 and 65535"),
+    ("router.port", "80", '"80"', "an integer between 0 and 65535"),
+    ("router.port", True, "true", "an integer between 0 and 65535"),
+    ("router.llama_server", "", '""', "non-empty path"),
+    ("router.max_models_per_gpu", 0, "0", "an integer >= 1"),
+    ("router.eviction", "random", '"random"', 'one of "lru", "fifo"'),
+    ("router.queue_head_grace", -1, "-1", "a number >= 0"),
+    ("router.queue_force_load_timeout", 0, "0", "a number > 0"),
+    ("router.queue_limit", -1, "-1", "an integer >= 0"),
+    ("router.routing_queue_limit", 1.5, "1.5", "an integer >= 0"),
+    ("router.num_gpus", -1, "-1", "an integer >= 0"),
+    ("router.load_timeout", 0, "0", "a number > 0"),
+    ("router.stop_timeout", -1.0, "-1.0", "a number > 0"),
+    ("router.shutdown_grace", -0.5, "-0.5", "a number >= 0"),
+    ("router.shutdown_grace", "soon", '"soon"', "a number >= 0"),
+    ("router.max_body_mib", 0, "0", "an integer >= 1"),
+    ("router.api_keys", "sk-1", '"sk-1"', "a list of non-empty strings"),
+    ("router.api_keys", ["sk-1", ""], '["sk-1", ""]', "a list of non-empty strings"),
+    ("router.api_keys_file", 7, "7", "non-empty path"),
+    ("router.history_db", False, "false", "non-empty path"),
+    ("router.history_max_rows", 0, "0", "an integer >= 1"),
+    ("router.history_max_age_days", 0, "0", "a number > 0"),
+    ("router.gpu_reserve_mib", -1, "-1", "an integer >= 0"),
+    ("router.ctx_floor", 0, "0", "an integer >= 1"),
+    ("router.log_lines", 0, "0", "an integer >= 1"),
+    ("router.replica_logs", "", '""', "non-empty path"),
+    ("router.replica_log_files", 0, "0", "an integer >= 1"),
+    ("router.replica_log_max_mib", 0.5, "0.5", "an integer >= 1"),
+    ("router.default_pool", "nope", '"nope"', "must name a pool or pool alias; pools: chat"),
+    ("router", "x", '"x"', "must be a table"),
+    ("devices.0.memory_mib", 0, "0", "an integer >= 1"),
+    ("devices.0", 5, "5", "must be a table"),
+    ("models.qwen.model", 5, "5", "non-empty path"),
+    ("models.qwen.num_instance", 0, "0", "an integer >= 1"),
+    ("models.qwen.parallel", 2.0, "2.0", "an integer >= 1"),
+    ("models.qwen.ctx", 0, "0", "an integer >= 1"),
+    ("models.qwen.ctx", 2, "2", "must be >= parallel (4)"),
+    ("models.qwen.gpu_layers", -1, "-1", "an integer >= 0"),
+    ("models.qwen.aliases", "q", '"q"', "a list of non-empty strings"),
+    ("models.qwen.pinned", "yes", '"yes"', "true or false"),
+    ("models.qwen.ttl", 0, "0", "a number > 0"),
+    ("models.qwen.load_on_startup", 1, "1", "true or false"),
+    ("models.qwen.gpus", [0, 0], "[0, 0]", "distinct GPU ids"),
+    ("models.qwen.gpus", [-2], "[-2]", "integers >= 0"),
+    ("models.qwen.gpus", "some", '"some"', '"all", -1, a GPU id'),
+    ("models.qwen.gpus", [0, 2], "[0, 2]", "< router.num_gpus = 2"),
+    ("models.qwen.gpus", 2, "2", "< router.num_gpus = 2"),
+    ("models.qwen.gpus", True, "true", '"all", -1, a GPU id'),
+    ("models.qwen.gpus", [1.0], "[1.0]", "GPU ids (integers >= 0"),
+    ("models.qwen.pricing", "cheap", '"cheap"', "must be a table"),
+    ("models.qwen.pricing", {}, "{}", "at least one of input, cached_input, output"),
+    ("models.qwen.pricing.input", -1, "-1", "a number >= 0"),
+    ("models.qwen.pricing.output", "2", '"2"', "a number >= 0"),
+    ("models.qwen.reasoning_effort.options", [], "[]", "non-empty list of distinct non-empty strings"),
+    ("models.qwen.reasoning_effort.options", ["a", "a"], '["a", "a"]', "distinct"),
+    ("models.qwen.cache-type-k", "q9", '"q9"', '"f16", "bf16", "q8_0"'),
+    ("models.qwen.ctv", 8, "8", '"q4_0"'),
+    ("models.qwen.override-kv", {"a": 1}, '{"a": 1}', "a string, a number, true/false, or a list"),
+    ("models.qwen.override-kv", [True], "[true]", "a list of strings and numbers"),
+    ("defaults.flash-attn", {"on": True}, '{"on": true}', "a string, a number, true/false, or a list"),
+    ("defaults.cache-type-v", "q3", '"q3"', '"iq4_nl"'),
+    ("pools.chat.members", [], "[]", "must list at least one model; models: qwen, small"),
+    (
+        "pools.chat.members",
+        ["qwen", "nope"],
+        '["qwen", "nope"]',
+        "'nope' is not a model; models: qwen, small",
+    ),
+    ("pools.chat.members", ["qwen", "qwen"], '["qwen", "qwen"]', "must not name a model twice"),
+    ("pools.chat.members", ["qwen-latest"], '["qwen-latest"]', "'qwen-latest' is an alias of models.qwen"),
+    ("pools.chat.members", "qwen", '"qwen"', "a list of non-empty strings"),
+    ("pools.chat.fallback", "yes", '"yes"', "true or false"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "shown", "allowed"), BAD_VALUES)
+def test_bad_values_name_file_key_value_and_rule(key: str, value: Any, shown: str, allowed: str) -> None:
+    change = setter(key, value)
+    if key.startswith("models.qwen.reasoning_effort"):
+        change = setter("models.qwen.reasoning_effort", {"options": value})
+    message = str(error_of(change))
+    assert message.startswith(f"config error in {FILE}: {key} = {shown} is invalid: "), message
+    assert allowed in message
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "allowed_sample"),
+    [
+        ("router", "prot", "port"),
+        ("router", "ttl", "history_db"),
+        ("pools.chat", "member", "members"),
+        ("devices.0", "memory", "memory_mib"),
+        ("models.qwen.pricing", "input_cached", "cached_input"),
+        ("models.qwen.reasoning_effort", "levels", "options"),
+    ],
+)
+def test_unknown_keys_are_refused_with_the_allowed_list(table: str, key: str, allowed_sample: str) -> None:
+    def change(data: dict[str, Any]) -> None:
+        if table == "models.qwen.reasoning_effort":
+            setter(table, {"options": ["low"], key: 1})(data)
+        else:
+            setter(f"{table}.{key}", 1)(data)
+
+    message = str(error_of(change))
+    assert f"{FILE}: {table}.{key} = 1 is not a known key; allowed keys: " in message
+    assert allowed_sample in message.split("allowed keys: ")[1]
+
+
+def test_unknown_router_key_lists_every_allowed_key() -> None:
+    message = str(error_of(setter("router.prot", 1)))
+    allowed = message.split("allowed keys: ")[1].split(", ")
+    assert allowed == [spec.name for spec in ROUTER_KEYS]
+
+
+def test_unknown_top_level_table() -> None:
+    message = str(error_of(setter("modles", {})))
+    assert message == (
+        f"config error in {FILE}: modles = {{}} is not a known key; allowed keys: router, devices, defaults, "
+        "models, pools"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "hint"),
+    [
+        ("host", "loopback"),
+        ("port", "its own port"),
+        ("--host", "loopback"),
+        ("m", "`model` key"),
+        ("-m", "`model` key"),
+        ("--model", "`model` key"),
+        ("c", "`ctx` key"),
+        ("-c", "`ctx` key"),
+        ("ctx-size", "`ctx` key"),
+        ("np", "`parallel` key"),
+        ("--parallel", "`parallel` key"),
+        ("ngl", "`gpu_layers` key"),
+        ("-ngl", "`gpu_layers` key"),
+        ("n-gpu-layers", "`gpu_layers` key"),
+        ("gpu-layers", "`gpu_layers` key"),
+        ("fit", "--fit off"),
+        ("--fit", "--fit off"),
+        ("api-key", "router.api_keys"),
+        ("models-dir", "manages models itself"),
+    ],
+)
+@pytest.mark.parametrize("table", ["models.qwen", "defaults"])
+def test_flags_the_router_sets_are_refused_with_a_hint(table: str, key: str, hint: str) -> None:
+    message = str(error_of(setter(f"{table}.{key}", 4096)))
+    assert (
+        f"{FILE}: {table}.{key} = 4096 is invalid: the router sets this llama-server flag itself; " in message
+    )
+    assert hint in message
+
+
+@pytest.mark.parametrize(
+    "key", ["model", "parallel", "ctx", "gpu_layers", "gpus", "ttl", "pinned", "aliases"]
+)
+def test_per_model_keys_are_refused_in_defaults(key: str) -> None:
+    message = str(error_of(setter(f"defaults.{key}", 4)))
+    assert (
+        f"{FILE}: defaults.{key} = 4 is invalid: {key} is a per-model key; set it in [models.NAME]" in message
+    )
+
+
+@pytest.mark.parametrize("key", ["--ctx", "-gpus", "--ttl"])
+def test_router_keys_written_with_dashes_in_a_model(key: str) -> None:
+    message = str(error_of(setter(f"models.qwen.{key}", 4)))
+    assert (
+        f"models.qwen.{key} = 4 is invalid: write the router key without dashes: {key.lstrip('-')}" in message
+    )
+
+
+@pytest.mark.parametrize("key", ["---x", "a b", "x=1", "-"])
+def test_malformed_flag_names(key: str) -> None:
+    message = str(error_of(setter(f"models.qwen.{key}", "1")))
+    assert f"models.qwen.{key} = " in message
+    assert "flag name must be non-empty, without spaces or '='" in message
+
+
+def test_false_cache_type_drops_the_default() -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["defaults"] = {"ctk": "q8_0"}
+        data["models"]["qwen"]["cache-type-k"] = False
+
+    config = build(change)
+    assert config.models["qwen"].extra_args == (("cache-type-k", False),)
+    message = str(error_of(setter("models.qwen.ctk", True)))
+    assert "models.qwen.ctk = true is invalid: must be one of " in message
+
+
+def test_two_spellings_of_one_flag_in_one_table() -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["models"]["qwen"]["cache-type-k"] = "q8_0"
+        data["models"]["qwen"]["ctk"] = "q4_0"
+
+    message = str(error_of(change))
+    assert (
+        'models.qwen.ctk = "q4_0" is invalid: the same llama-server flag as models.qwen.cache-type-k'
+        in message
+    )
+
+
+def test_missing_required_keys() -> None:
+    message = str(error_of(deleter("models.qwen.model")))
+    assert message == (
+        f"config error in {FILE}: models.qwen.model is missing: it is required and must be a non-empty "
+        "path string"
+    )
+    message = str(error_of(deleter("pools.chat.members")))
+    assert (
+        f"{FILE}: pools.chat.members is missing: it is required and must be a list of non-empty strings"
+        in message
+    )
+
+
+def test_at_least_one_model() -> None:
+    message = str(error_of(setter("models", {})))
+    assert (
+        message == f"config error in {FILE}: models is missing: at least one [models.NAME] table is required"
+    )
+
+
+def test_document_must_be_a_table() -> None:
+    with pytest.raises(ConfigError, match="must be a table"):
+        config_from_dict([1, 2], FILE)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("devices", "rule"),
+    [
+        ({"x": {}}, "an integer >= 0 and < router.num_gpus (2)"),
+        ({"2": {}}, "an integer >= 0 and < router.num_gpus (2)"),
+    ],
+)
+def test_device_ids(devices: dict[str, Any], rule: str) -> None:
+    message = str(error_of(setter("devices", devices)))
+    name = next(iter(devices))
+    assert (
+        message
+        == f"config error in {FILE}: devices.{name} is invalid: the table name must be a GPU id: {rule}"
+    )
+
+
+def test_device_ids_without_num_gpus() -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["router"] = {}
+        data["devices"] = {"7": {"memory_mib": 100}, "01": {}}
+
+    message = str(error_of(change))
+    assert (
+        message
+        == f"config error in {FILE}: devices.01 is invalid: the table name must be a GPU id: an integer >= 0"
+    )
+
+
+def test_devices_are_keyed_by_int_and_sorted() -> None:
+    config = build(setter("devices", {"1": {"memory_mib": 4096}, "0": {}}))
+    assert list(config.devices.items()) == [(0, attrs.evolve(config.devices[0])), (1, config.devices[1])]
+    assert config.devices[0].memory_mib is None
+    assert config.devices[1].memory_mib == 4096
+
+
+def test_pinned_model_cannot_have_a_ttl() -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["models"]["qwen"].update(pinned=True, ttl=60)
+
+    message = str(error_of(change))
+    assert "models.qwen.ttl = 60.0 is invalid: a pinned model is never unloaded" in message
+
+
+def test_reasoning_effort_default_must_be_an_option() -> None:
+    message = str(
+        error_of(setter("models.qwen.reasoning_effort", {"options": ["low", "high"], "default": "max"}))
+    )
+    assert (
+        f'{FILE}: models.qwen.reasoning_effort.default = "max" is invalid: must be one of the options: '
+        in message
+    )
+    assert '"low", "high"' in message
+
+
+def test_fallback_pools() -> None:
+    message = str(error_of(setter("pools.chat", {"members": ["qwen"], "fallback": True})))
+    assert (
+        f"{FILE}: pools.chat.fallback = true is invalid: fallback = true needs at least two members"
+        in message
+    )
+
+    def with_ttl(data: dict[str, Any]) -> None:
+        data["models"]["small"]["ttl"] = 30
+        data["pools"]["chat"]["fallback"] = True
+
+    message = str(error_of(with_ttl))
+    assert "pools.chat.fallback = true is invalid: fallback members stay loaded" in message
+    assert "models.small.ttl = 30.0" in message
+
+    config = build(setter("pools.chat.fallback", True))
+    assert config.pools["chat"].fallback is True
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (
+            setter("pools.qwen", {"members": ["small"]}),
+            "pools.qwen is invalid: the name 'qwen' is already used by ",
+        ),
+        (
+            setter("models.small.aliases", ["qwen"]),
+            "models.small.aliases = [\"qwen\"] is invalid: the alias 'qwen'",
+        ),
+        (
+            setter("models.small.aliases", ["qwen-latest"]),
+            "the alias 'qwen-latest' is already used by models.qwen",
+        ),
+        (
+            setter("pools.chat.aliases", ["small"]),
+            "pools.chat.aliases = [\"small\"] is invalid: the alias 'small'",
+        ),
+        (setter("models.small.aliases", ["chat"]), "the alias 'chat' is already used by pools.chat"),
+        (setter("models.small.aliases", ["s", "s"]), "the alias 's' is already used by models.small.aliases"),
+        (setter("models.small.aliases", ["small"]), "the alias 'small' is already used by models.small"),
+        (
+            setter("models.small.aliases", ["auto-chat"]),
+            "'auto-chat' is already used by models.small.aliases",
+        ),
+    ],
+)
+def test_names_are_unique_across_models_pools_and_aliases(change: Callable[..., None], fragment: str) -> None:
+    message = str(error_of(change))
+    assert message.startswith(f"config error in {FILE}: ")
+    assert fragment in message
+    assert "must be unique" in message
+
+
+def test_names_and_aliases_must_be_printable_without_spaces() -> None:
+    message = str(error_of(setter("models.my model", {"model": "x.gguf"})))
+    assert f'{FILE}: models.my model = "my model" is invalid: a model name must be' in message
+    message = str(error_of(setter("pools.chat.aliases", ["ok", "a\tb"])))
+    assert message == (
+        f'config error in {FILE}: pools.chat.aliases[1] = "a\\tb" is invalid: an alias must be 1 to 200 '
+        "printable characters without spaces"
+    )
+
+
+def test_values_and_defaults() -> None:
+    config = build(env={"HOME": "/home/u"})
+    qwen = config.models["qwen"]
+    assert qwen == ModelConfig(
+        name="qwen", path=Path("/models/qwen.gguf"), parallel=4, aliases=("qwen-latest",)
+    )
+    assert qwen.gpus == (0,) and qwen.ctx is None and qwen.gpu_layers is None and qwen.ttl is None
+    digest = hashlib.sha256(FILE.encode()).hexdigest()[:8]
+    assert config.router == RouterSettings(
+        num_gpus=2,
+        history_db=Path(f"/home/u/.local/state/llama-router/llama-router-{digest}/history.db"),
+        replica_logs=Path("/home/u/.local/state/llama-router/logs"),
+    )
+    assert config.pools["chat"].members == ("qwen", "small")
+    assert config.defaults == {}
+
+
+def test_router_defaults_equal_the_schema() -> None:
+    settings = RouterSettings()
+    for spec in ROUTER_KEYS:
+        if spec.name in ("history_db", "replica_logs"):  # computed from the environment
+            continue
+        assert getattr(settings, spec.name) == spec.default, spec.name
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("all", ALL_GPUS), (-1, ALL_GPUS), (1, (1,)), ([1, 0], (0, 1)), ([0], (0,)), ([], ())],
+)
+def test_gpu_spellings(value: Any, expected: Any) -> None:
+    assert build(setter("models.qwen.gpus", value)).models["qwen"].gpus == expected
+
+
+def test_num_gpus_zero_puts_every_model_on_the_cpu() -> None:
+    config = build(setter("router.num_gpus", 0))
+    assert {m.gpus for m in config.models.values()} == {()}
+
+    def one_gpu(data: dict[str, Any]) -> None:
+        setter("router.num_gpus", 1)(data)
+        setter("models.qwen.gpus", 1)(data)
+
+    message = str(error_of(one_gpu))
+    assert "models.qwen.gpus = 1 is invalid" in message and "< router.num_gpus = 1" in message
+
+    def every_gpu(data: dict[str, Any]) -> None:
+        data["router"]["num_gpus"] = 0
+        for model in data["models"].values():
+            model["gpus"] = "all"
+
+    config = build(every_gpu)
+    assert resolve_gpus(config.models["qwen"], []) == ()
+
+
+def test_resolve_gpus_and_check_gpu_ids() -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["router"] = {}
+        data["models"]["qwen"]["gpus"] = "all"
+        data["models"]["small"]["gpus"] = [3]
+
+    config = build(change)
+    assert resolve_gpus(config.models["qwen"], [2, 0, 1]) == (0, 1, 2)
+    assert resolve_gpus(config.models["small"], [0, 1]) == (3,)
+    check_gpu_ids(config, [0, 1, 2, 3])
+    with pytest.raises(ConfigError) as info:
+        check_gpu_ids(config, [0, 1])
+    assert str(info.value) == (
+        f"config error in {FILE}: models.small.gpus = [3] is invalid: GPU 3 does not exist; "
+        "GPUs present: 0, 1"
+    )
+
+
+def test_pricing_and_reasoning_effort() -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["models"]["qwen"]["pricing"] = {"input": 0.4, "output": 2}
+        data["models"]["qwen"]["reasoning_effort"] = {"options": ["low", "high"], "default": "high"}
+
+    qwen = build(change).models["qwen"]
+    assert qwen.pricing == Pricing(input=0.4, cached_input=None, output=2.0)
+    assert qwen.reasoning_effort == ReasoningEffort(options=("low", "high"), default="high")
+
+
+def test_pass_through_flags_keep_file_order_and_types() -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["defaults"] = {"flash-attn": "on", "metrics": True}
+        data["models"]["qwen"].update(
+            {"ctk": "q8_0", "mlock": False, "override-kv": ["a=int:1", "b=int:2"], "t": 4}
+        )
+
+    config = build(change)
+    assert list(config.defaults.items()) == [("flash-attn", "on"), ("metrics", True)]
+    assert config.models["qwen"].extra_args == (
+        ("ctk", "q8_0"),
+        ("mlock", False),
+        ("override-kv", ("a=int:1", "b=int:2")),
+        ("t", 4),
+    )
+
+
+def test_default_pool_accepts_a_pool_alias() -> None:
+    assert build(setter("router.default_pool", "auto-chat")).router.default_pool == "chat"
+    assert build(setter("router.default_pool", "chat")).router.default_pool == "chat"
+    message = str(error_of(setter("router.default_pool", "qwen")))
+    assert 'router.default_pool = "qwen" is invalid: must name a pool or pool alias' in message
+
+
+def test_resolve_name() -> None:
+    config = build()
+    assert resolve_name(config, "qwen") == "qwen"
+    assert resolve_name(config, "qwen-latest") == "qwen"
+    assert resolve_name(config, "chat") == "chat"
+    assert resolve_name(config, "auto-chat") == "chat"
+    assert resolve_name(config, "QWEN") is None
+    assert resolve_name(config, "") is None
+
+
+def test_config_is_frozen_and_hashable() -> None:
+    config = build()
+    assert hash(config) == hash(build())
+    assert config == build()
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        config.router.port = 1  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        config.models["x"] = config.models["qwen"]  # type: ignore[index]
+
+
+def test_json_null_counts_as_absent() -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["router"]["port"] = None
+        data["models"]["qwen"]["ctx"] = None
+        data["models"]["qwen"]["mlock"] = None
+
+    config = build(change)
+    assert config.router.port == 8080
+    assert config.models["qwen"].ctx is None
+    assert config.models["qwen"].extra_args == ()
+
+
+# -------------------------------------------------------------------------------------------- environment
+
+
+def test_environment_overrides() -> None:
+    env = {
+        "ROUTER_HOST": "0.0.0.0",
+        "ROUTER_PORT": "9001",
+        "ROUTER_API_KEYS": " k1, k2 ,,k1",
+        "HISTORY_DB_PATH": "/tmp/h.db",
+    }
+    config = build(setter("router.api_keys", ["file-key"]), env=env)
+    assert config.router.host == "0.0.0.0"
+    assert config.router.port == 9001
+    assert config.router.api_keys == ("k1", "k2")
+    assert config.router.history_db == Path("/tmp/h.db")
+
+
+def test_empty_environment_variables_count_as_unset() -> None:
+    env = {"ROUTER_HOST": "", "ROUTER_PORT": " ", "ROUTER_API_KEYS": " , ", "HISTORY_DB_PATH": ""}
+    config = build(setter("router.api_keys", ["file-key"]), env=env | {"XDG_STATE_HOME": "/state"})
+    assert config.router.host == "127.0.0.1"
+    assert config.router.port == 8080
+    assert config.router.api_keys == ("file-key",)
+    assert config.router.history_db.parent.parent == Path("/state/llama-router")
+
+
+@pytest.mark.parametrize(("value", "rule"), [("abc", "an integer between 0"), ("99999", "and 65535")])
+def test_bad_environment_values_name_the_variable(value: str, rule: str) -> None:
+    message = str(error_of(lambda data: None, env={"ROUTER_PORT": value}))
+    assert message.startswith(
+        f'config error in {FILE}: ROUTER_PORT = "{value}" (environment, overrides router.port) is invalid: '
+        "must be "
+    )
+    assert rule in message
+
+
+def test_load_config_reads_os_environ_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[models.a]\nmodel = "a.gguf"\n')
+    monkeypatch.setenv("ROUTER_PORT", "7777")
+    monkeypatch.setenv("HISTORY_DB_PATH", "rel/h.db")
+    config = load_config(path)
+    assert config.router.port == 7777
+    assert config.router.history_db == Path("rel/h.db")  # relative to the working directory, not the file
+    assert load_config(path, env={}).router.port == 8080
+
+
+# ---------------------------------------------------------------------------------------------------- files
+
+
+def test_the_example_loads_and_sets_every_key() -> None:
+    config = load_config(EXAMPLE, env={})
+    assert config.router.default_pool == "chat"
+    assert config.models["qwen"].gpus == (0, 1)
+    assert config.models["small"].path == EXAMPLE.parent / "small.gguf"
+    data = tomllib.loads(EXAMPLE.read_text())
+    assert set(data["router"]) == {spec.name for spec in ROUTER_KEYS}
+    assert set(data["devices"]["0"]) == {spec.name for spec in DEVICE_KEYS}
+    assert {spec.name for spec in MODEL_KEYS} <= set(data["models"]["qwen"])
+    assert set(data["pools"]["chat"]) == {spec.name for spec in POOL_KEYS}
+
+
+def test_json_is_equivalent_to_toml(tmp_path: Path) -> None:
+    data = tomllib.loads(EXAMPLE.read_text())
+    (tmp_path / "c.toml").write_text(EXAMPLE.read_text())
+    (tmp_path / "c.json").write_text(json.dumps(data))
+    from_toml = load_config(tmp_path / "c.toml", env={})
+    from_json = load_config(tmp_path / "c.json", env={})
+    assert from_json.path == tmp_path / "c.json"
+    assert attrs.evolve(from_json, path=from_toml.path) == from_toml
+    assert from_json.models["small"].path == tmp_path / "small.gguf"
+
+
+def test_json_errors_name_the_json_file(tmp_path: Path) -> None:
+    data = copy.deepcopy(base())
+    data["models"]["qwen"]["parallel"] = 0
+    path = tmp_path / "c.JSON"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert (
+        str(info.value)
+        == f"config error in {path}: models.qwen.parallel = 0 is invalid: must be an integer >= 1"
+    )
+
+
+def test_relative_paths_start_at_the_config_directory(tmp_path: Path) -> None:
+    path = tmp_path / "conf" / "router.toml"
+    path.parent.mkdir()
+    path.write_text(
+        '[router]\napi_keys_file = "keys.txt"\nllama_server = "bin/llama-server"\n'
+        '[models.a]\nmodel = "../models/a.gguf"\n[models.b]\nmodel = "/abs/b.gguf"\n'
+    )
+    config = load_config(path, env={})
+    assert config.models["a"].path == tmp_path / "conf" / "../models/a.gguf"
+    assert config.models["b"].path == Path("/abs/b.gguf")
+    assert config.router.api_keys_file == tmp_path / "conf" / "keys.txt"
+    assert config.router.llama_server == str(tmp_path / "conf" / "bin" / "llama-server")
+    bare = config_from_dict({"router": {"llama_server": "llama-server"}, "models": {"a": {"model": "a"}}})
+    assert bare.router.llama_server == "llama-server"
+    assert bare.models["a"].path == Path("a")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "fragment"),
+    [
+        ("bad.toml", "[router\n", "not valid TOML: "),
+        ("bad.json", "{", "not valid JSON: "),
+        ("bad.toml", "\xff", "not valid TOML: "),
+    ],
+)
+def test_unparsable_files(tmp_path: Path, name: str, text: str, fragment: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(text.encode("latin-1"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert str(info.value).startswith(f"config error in {path}: {fragment}")
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.toml"
+    with pytest.raises(ConfigError) as info:
+        load_config(path, env={})
+    assert str(info.value) == f"config error in {path}: cannot read the file: No such file or directory"
+
+
+def test_read_api_keys(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text("# team keys\nk-file-1\n\n  k-file-2  \nk-1\n")
+    path = tmp_path / "c.toml"
+    path.write_text('[router]\napi_keys = ["k-1"]\napi_keys_file = "keys"\n[models.a]\nmodel = "a.gguf"\n')
+    assert read_api_keys(load_config(path, env={})) == ("k-1", "k-file-1", "k-file-2")
+    assert read_api_keys(load_config(path, env={"ROUTER_API_KEYS": "k-env"})) == (
+        "k-env",
+        "k-file-1",
+        "k-file-2",
+        "k-1",
+    )
+    keys.unlink()
+    with pytest.raises(ConfigError) as info:
+        read_api_keys(load_config(path, env={}))
+    assert str(info.value).startswith(f'config error in {path}: router.api_keys_file = "{keys}" is invalid: ')
+    assert info.value.key == "router.api_keys_file"
+
+
+# ------------------------------------------------------------------------------------------------ reference
+
+
+def test_reference_mentions_every_key() -> None:
+    text = reference_markdown()
+    for heading in (
+        "### `[router]`",
+        "### `[devices.N]`",
+        "### `[defaults]`",
+        "### `[models.NAME]`",
+        "### `[pools.NAME]`",
+    ):
+        assert heading in text
+    for spec in ROUTER_KEYS + DEVICE_KEYS + MODEL_KEYS + POOL_KEYS:
+        assert re.search(rf"^\| `{spec.name}`", text, re.MULTILINE), spec.name
+    for spec in ROUTER_KEYS:
+        if spec.env:
+            assert f"`{spec.env}`" in text
+    port_row = next(line for line in text.splitlines() if line.startswith("| `port`"))
+    assert "`8080`" in port_row and "between 0 and 65535" in port_row
+
+
+def test_reference_tables_are_well_formed() -> None:
+    for block in reference_markdown().split("\n\n"):
+        rows = [line for line in block.splitlines() if line.startswith("|")]
+        if rows:
+            widths = {len(re.split(r"(?<!\\)\|", row)) for row in rows}
+            assert len(widths) == 1, block
