@@ -42,7 +42,7 @@ from statemachine import (
 from .profiles import machine_settings
 from .replay import replay_banner
 from .strategies import TOKEN_CHOICES, UNKNOWN_TARGET, models, scheduler_settings
-from .world import CLOSING, RUNNING, WAITING, Findings, ReplicaView, World
+from .world import RUNNING, WAITING, Findings, ReplicaView, World
 
 DT_CHOICES = (0.0, 0.1, 0.5, 1.0, 3.0, 10.0)
 
@@ -159,10 +159,10 @@ class SchedulerMachine(RuleBasedStateMachine):
     def client_gone(self, data: st.DataObject) -> None:
         self.feed(ClientGone(self.pick(data, self.w.outstanding(WAITING, RUNNING))))
 
-    @precondition(lambda self: self.world is not None and bool(self.w.outstanding(RUNNING, CLOSING)))
+    @precondition(lambda self: self.world is not None and bool(self.w.outstanding(RUNNING)))
     @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
-        self.feed(RequestFinished(self.pick(data, self.w.outstanding(RUNNING, CLOSING))))
+        self.feed(RequestFinished(self.pick(data, self.w.outstanding(RUNNING))))
 
     @precondition(lambda self: self.world is not None and bool(self.w.replicas_where(lambda r: r.loading)))
     @rule(data=st.data())
@@ -299,8 +299,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         ]
         options += [RequestFinished(rid) for rid in w.outstanding(WAITING)]
         options += [RequestArrived(rid, UNKNOWN_TARGET) for rid in w.outstanding(WAITING, RUNNING)]
-        options += [ClientGone(rid) for rid in w.outstanding(CLOSING)]
-        options += [DispatchFailed(rid, "x") for rid in [self.next_rid, *w.outstanding(WAITING, CLOSING)]]
+        options += [DispatchFailed(rid, "x") for rid in [self.next_rid, *w.outstanding(WAITING)]]
         options += [ReplicaReady(r) for r in w.replicas_where(lambda r: not r.loading)]
         options += [LoadFailed(r, "x") for r in w.replicas_where(lambda r: not r.loading)]
         options += [ReplicaUnresponsive(r, "x") for r in w.replicas_where(lambda r: r.loading)]
@@ -327,11 +326,11 @@ class SchedulerMachine(RuleBasedStateMachine):
         Returns False when nothing was pending and no wake was due.
         """
         w = self.w
-        running = w.outstanding(RUNNING, CLOSING) if finish else []
+        running = w.outstanding(RUNNING) if finish else []
         killed = w.replicas_where(lambda r: r.killed)
         loading = w.replicas_where(lambda r: r.loading)
         for rid in running:
-            if w.requests[rid].status in (RUNNING, CLOSING):
+            if w.requests[rid].status == RUNNING:
                 self.deliver(RequestFinished(rid))
         for replica in killed:
             if replica in w.replicas:

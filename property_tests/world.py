@@ -15,7 +15,6 @@ from collections import defaultdict
 import attrs
 
 from statemachine import (
-    CancelUpstream,
     ClientGone,
     Command,
     Dispatch,
@@ -40,11 +39,10 @@ from statemachine import (
     UnloadRequested,
     WakeAt,
 )
-from statemachine.state import CANCELLING, INFLIGHT, QUEUED
+from statemachine.state import INFLIGHT, QUEUED
 
 WAITING = "waiting"
 RUNNING = "running"
-CLOSING = "closing"  # the client left while running; the slot is held until RequestFinished
 ORPHANED = "orphaned"  # its replica exited during this step; a Reject must follow
 TERMINAL = ("finished", "rejected", "left", "closed")
 
@@ -285,7 +283,7 @@ class _Step:
         self.found: Findings = defaultdict(list)
         self.arrival: RequestView | None = None
         self.arrival_over_limit = False
-        self.cancel_expected: tuple[int, int] | None = None
+        self.gone_running: int | None = None
         self.kill_expected: int | None = None
         self.load_failure: tuple[str, list[int]] | None = None
         self.unloading: list[int] = []
@@ -339,15 +337,18 @@ class _Step:
             if request.status == WAITING:
                 self.end(request, "left")
             else:
-                assert request.replica is not None
-                request.status = CLOSING
-                self.cancel_expected = (e.rid, request.replica)
+                # The shell has closed the exchange: the slot is free in this very step (INV-CANCEL).
+                self.free_slot(request)
+                if request.model is not None:
+                    w.last_used[request.model] = w.now
+                self.end(request, "closed")
+                self.gone_running = e.rid
         elif isinstance(e, RequestFinished):
             request = w.requests[e.rid]
             self.free_slot(request)
             if request.model is not None:
                 w.last_used[request.model] = w.now
-            self.end(request, "closed" if request.status == CLOSING else "finished")
+            self.end(request, "finished")
         elif isinstance(e, DispatchFailed):
             request = w.requests[e.rid]
             replica = w.replicas[request.replica] if request.replica is not None else None
@@ -380,11 +381,7 @@ class _Step:
             if replica.loading:
                 self.note_load_failure(replica)
             for rid in sorted(replica.inflight):
-                request = w.requests[rid]
-                if request.status == CLOSING:
-                    self.end(request, "closed")
-                else:
-                    request.status = ORPHANED
+                w.requests[rid].status = ORPHANED
         elif isinstance(e, UnloadRequested):
             self.unloading = [r.id for r in w.replicas.values() if e.model is None or r.model == e.model]
             self.mark_draining(self.unloading)
@@ -454,10 +451,6 @@ class _Step:
             self.dispatch(c)
         elif isinstance(c, Reject):
             self.reject(c)
-        elif isinstance(c, CancelUpstream):
-            if self.cancel_expected != (c.rid, c.replica):
-                self.fail("INV-CANCEL", f"{c} does not answer {self.event}")
-            self.cancel_expected = None
         elif isinstance(c, WakeAt):
             if c.at <= self.w.now:
                 self.fail("INV-WAKE", f"{c} is not in the future (now {self.w.now})")
@@ -725,8 +718,12 @@ class _Step:
     # ---------------------------------------------------------------------------------- after the step
     def after_commands(self) -> None:
         w, s, e = self.w, self.s, self.event
-        if self.cancel_expected is not None:
-            self.fail("INV-CANCEL", f"{e} of a running request yielded no CancelUpstream")
+        if self.gone_running is not None:
+            named = [
+                c for c in self.commands if isinstance(c, Dispatch | Reject) and c.rid == self.gone_running
+            ]
+            if named or self.gone_running in self.state.requests:
+                self.fail("INV-CANCEL", f"{e} of a running request left it behind: {named}")
         if self.kill_expected is not None:
             self.fail("INV-KILL-IDLE", f"{e} yielded no Kill of the failed replica")
         for request in w.requests.values():
@@ -925,7 +922,7 @@ class _Step:
 
     def check_conservation(self) -> None:
         """The scheduler's request table matches the environment's: same ids, same phase, same replica."""
-        phases = {WAITING: QUEUED, RUNNING: INFLIGHT, CLOSING: CANCELLING}
+        phases = {WAITING: QUEUED, RUNNING: INFLIGHT}
         live = {rid: r for rid, r in self.w.requests.items() if r.status not in TERMINAL}
         state_requests = self.state.requests
         for rid, request in live.items():

@@ -4,7 +4,7 @@ No I/O, no clock, no randomness: time arrives as ``Tick`` events and the schedul
 with ``WakeAt``. See spec/scheduler.md for the rules and invariants.
 """
 
-from .commands import CancelUpstream, Command, Dispatch, Kill, Reject, Spawn, Stopped, WakeAt
+from .commands import Command, Dispatch, Kill, Reject, Spawn, Stopped, WakeAt
 from .errors import IllegalEvent
 from .events import (
     ClientGone,
@@ -23,12 +23,20 @@ from .events import (
     UnloadRequested,
 )
 from .invariants import InvariantViolation, check
+from .queries import (
+    ModelState,
+    loading_for,
+    model_state,
+    queue_position,
+    ready_replicas,
+    replica_state,
+    serving_models,
+)
 from .scheduler import run, step
 from .settings import DeviceSpec, ModelSpec, Policy, PoolSpec, Settings
-from .state import Replica, Request, State, initial_state
+from .state import Replica, ReplicaPhase, Request, RequestPhase, State, initial_state
 
 __all__ = [
-    "CancelUpstream",
     "ClientGone",
     "Command",
     "DeviceSpec",
@@ -40,16 +48,19 @@ __all__ = [
     "Kill",
     "LoadFailed",
     "ModelSpec",
+    "ModelState",
     "Policy",
     "PoolSpec",
     "Reject",
     "Replica",
     "ReplicaExited",
+    "ReplicaPhase",
     "ReplicaReady",
     "ReplicaUnresponsive",
     "Request",
     "RequestArrived",
     "RequestFinished",
+    "RequestPhase",
     "Settings",
     "SettingsChanged",
     "ShutdownRequested",
@@ -62,6 +73,12 @@ __all__ = [
     "WakeAt",
     "check",
     "initial_state",
+    "loading_for",
+    "model_state",
+    "queue_position",
+    "ready_replicas",
+    "replica_state",
     "run",
+    "serving_models",
     "step",
 ]

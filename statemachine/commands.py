@@ -44,14 +44,6 @@ class Reject:
 
 
 @attrs.frozen
-class CancelUpstream:
-    """Close the upstream exchange of ``rid``; a RequestFinished follows once it is closed."""
-
-    rid: int
-    replica: int
-
-
-@attrs.frozen
 class WakeAt:
     """Send a Tick at ``at`` (or soon after): a deadline of the scheduler falls due then."""
 
@@ -63,4 +55,4 @@ class Stopped:
     """Shutdown is complete: no replica is left."""
 
 
-Command = Spawn | Kill | Dispatch | Reject | CancelUpstream | WakeAt | Stopped
+Command = Spawn | Kill | Dispatch | Reject | WakeAt | Stopped

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .state import CANCELLING, INFLIGHT, QUEUED, READY, STOPPING, State
+from .state import INFLIGHT, QUEUED, READY, STOPPING, State
 
 
 class InvariantViolation(AssertionError):
@@ -42,11 +42,7 @@ def check(state: State) -> None:
             _fail("INV-GPUS", f"replica {replica.id} runs on {replica.gpus}, model says {spec.gpus}")
         for rid in replica.inflight:
             request = state.requests.get(rid)
-            if (
-                request is None
-                or request.phase not in (INFLIGHT, CANCELLING)
-                or request.replica != replica.id
-            ):
+            if request is None or request.phase != INFLIGHT or request.replica != replica.id:
                 _fail("INV-REQUEST-HOME", f"replica {replica.id} holds request {rid} that is not its own")
     queued = 0
     for request in state.requests.values():

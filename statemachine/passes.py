@@ -14,6 +14,7 @@ from __future__ import annotations
 import heapq
 
 from .commands import Stopped, WakeAt
+from .queries import serving_models
 from .settings import ModelSpec
 from .state import LOADING, STOPPING, Request
 from .work import Work
@@ -21,16 +22,9 @@ from .work import Work
 
 def candidates(w: Work, target: str, tokens: int | None) -> list[str]:
     """Models that may serve a request for ``target``, in priority order (context and refusal checked)."""
-    pool = w.settings.pool_table.get(target)
-    if pool is None:
-        names: tuple[str, ...] = (target,)
-    elif pool.fallback:
-        names = pool.members
-    else:
-        names = pool.members[:1]
     models = w.models
     out = []
-    for name in names:
+    for name in serving_models(w.settings, target):
         spec = models[name]
         if spec.refusal is not None:
             continue

@@ -32,8 +32,9 @@ from .events import (
     UnloadRequested,
 )
 from .passes import candidates, fail_waiters, schedule
+from .queries import serving_models
 from .recovery import dispatch_failed
-from .state import CANCELLING, INFLIGHT, LOADING, QUEUED, READY, STOPPING, Request, State
+from .state import INFLIGHT, LOADING, QUEUED, READY, STOPPING, Request, State
 from .work import Work
 
 
@@ -106,9 +107,7 @@ def _arrived(w: Work, e: RequestArrived) -> None:
 
 
 def _unservable(w: Work, e: RequestArrived) -> Command:
-    pool = w.settings.pools.get(e.target)
-    members = (pool.members if pool.fallback else pool.members[:1]) if pool else (e.target,)
-    specs = [w.model(m) for m in members]
+    specs = [w.model(m) for m in serving_models(w.settings, e.target)]
     refused = [s for s in specs if s.refusal is not None]
     if len(refused) == len(specs):
         return _reject(e.rid, 503, "model_unavailable", "; ".join(s.refusal or "" for s in refused))
@@ -132,15 +131,14 @@ def _client_gone(w: Work, e: ClientGone) -> None:
         raise IllegalEvent(f"ClientGone for unknown request {e.rid}")
     if request.phase == QUEUED:
         w.unqueue(request)
-    elif request.phase == INFLIGHT:
-        w.cancel(request)
     else:
-        raise IllegalEvent(f"ClientGone for request {e.rid}, which is already being cancelled")
+        # The shell reports a client gone after it has closed the upstream exchange: the slot is free now.
+        w.release(request)
 
 
 def _finished(w: Work, e: RequestFinished) -> None:
     request = w.request(e.rid)
-    if request is None or request.phase not in (INFLIGHT, CANCELLING):
+    if request is None or request.phase != INFLIGHT:
         raise IllegalEvent(f"RequestFinished for request {e.rid}, which is not in flight")
     w.release(request)
 
@@ -182,13 +180,9 @@ def _exited(w: Work, e: ReplicaExited) -> None:
         raise IllegalEvent(f"ReplicaExited for unknown replica {e.replica}")
     w.drop_replica(replica)
     for rid in sorted(replica.inflight):
-        request = w.requests[rid]
-        if request.phase == CANCELLING:
-            w.requests.remove(rid)
-        else:
-            w.requests.remove(rid)
-            message = f"the replica of '{replica.model}' serving this request exited: {e.reason}"
-            w.cmds.append(_reject(rid, 502, "replica_exited", message))
+        w.requests.remove(rid)
+        message = f"the replica of '{replica.model}' serving this request exited: {e.reason}"
+        w.cmds.append(_reject(rid, 502, "replica_exited", message))
     if replica.phase == LOADING:
         _after_load_failure(w, replica.model, e.reason)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import enum
+
 import attrs
 from pyrsistent import pmap, pset
 from pyrsistent.typing import PMap, PSet
@@ -9,13 +11,28 @@ from pyrsistent.typing import PMap, PSet
 from .fifo import Fifo
 from .settings import ModelSpec, Settings
 
-QUEUED = "queued"
-INFLIGHT = "inflight"
-CANCELLING = "cancelling"
 
-LOADING = "loading"
-READY = "ready"
-STOPPING = "stopping"
+class RequestPhase(enum.StrEnum):
+    """Where a request the scheduler owns stands: waiting in a queue, or sent to a replica's slot."""
+
+    QUEUED = "queued"
+    INFLIGHT = "inflight"
+
+
+class ReplicaPhase(enum.StrEnum):
+    """A replica's life: loading until its /health answers, ready, stopping once killed (until it exits)."""
+
+    LOADING = "loading"
+    READY = "ready"
+    STOPPING = "stopping"
+
+
+QUEUED = RequestPhase.QUEUED
+INFLIGHT = RequestPhase.INFLIGHT
+
+LOADING = ReplicaPhase.LOADING
+READY = ReplicaPhase.READY
+STOPPING = ReplicaPhase.STOPPING
 
 
 @attrs.frozen
@@ -27,7 +44,7 @@ class Request:
     tokens: int | None
     arrived: float
     seq: int
-    phase: str = QUEUED
+    phase: RequestPhase = QUEUED
     replica: int | None = None
     model: str | None = None
     overflow: bool = False
@@ -44,7 +61,7 @@ class Replica:
     id: int
     model: str
     gpus: tuple[int, ...]
-    phase: str
+    phase: ReplicaPhase
     spawned_at: float
     inflight: PSet[int] = attrs.field(factory=pset)
     draining: bool = False

@@ -9,11 +9,10 @@ from __future__ import annotations
 import attrs
 from pyrsistent import pmap
 
-from .commands import CancelUpstream, Command, Dispatch, Kill, Reject, Spawn
+from .commands import Command, Dispatch, Kill, Reject, Spawn
 from .fifo import Fifo
 from .settings import ModelSpec
 from .state import (
-    CANCELLING,
     INFLIGHT,
     LOADING,
     QUEUED,
@@ -182,13 +181,8 @@ class Work:
         self.last_used[model] = self.now
         self.cmds.append(Dispatch(request.rid, replica.id, model))
 
-    def cancel(self, request: Request) -> None:
-        assert request.replica is not None
-        self.requests[request.rid] = attrs.evolve(request, phase=CANCELLING)
-        self.cmds.append(CancelUpstream(request.rid, request.replica))
-
     def release(self, request: Request) -> None:
-        """Forget an in-flight (or cancelling) request and free its slot."""
+        """Forget an in-flight request and free its slot."""
         self.requests.remove(request.rid)
         assert request.replica is not None
         replica = self.replicas.get(request.replica)

@@ -29,6 +29,7 @@ from router.http.tokens import exact_prompt_tokens, prompt_upper_bound, requeste
 from router.observe.status import models_document, named_entry, replica_log, status_document
 from router.shell.reload import reload_config
 from router.shell.runtime import Router
+from statemachine import ReplicaPhase, serving_models
 
 FORWARDED = (
     "/v1/chat/completions",
@@ -132,11 +133,10 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
 
     async def needed_tokens(target: str, body: dict[str, Any]) -> int | None:
         output = requested_output(body)
-        pool = router.config.pools.get(target)
-        if pool is None:
+        if target not in router.config.pools:
             return output or None
         upper = prompt_upper_bound(body) + output
-        members = pool.members if pool.fallback else pool.members[:1]
+        members = serving_models(router.deployment.settings, target)
         if upper <= min(router.launches[m].ctx_per_slot for m in members):
             return upper
         port = router.ready_port(members)
@@ -267,7 +267,9 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
         # The replicas this unload stops: the answer waits for exactly these to exit, never for a
         # condition new traffic could keep false (a request after the unload may load the model again).
         asked = sorted(
-            r.id for r in router.state.replicas if r.phase != "stopping" and model in (None, r.model)
+            r.id
+            for r in router.state.replicas
+            if r.phase != ReplicaPhase.STOPPING and model in (None, r.model)
         )
         router.unload(model, force)
         if wait:

@@ -172,7 +172,7 @@ class Proxy:
                     break
                 except httpx.ConnectError as exc:
                     # Nothing listens there any more (the replica died a moment ago): wait for another one.
-                    if attempt == REDISPATCHES or ticket.closed:
+                    if attempt == REDISPATCHES or ticket.rejection is not None:
                         raise
                     self.router.redispatch(ticket, f"connection refused: {exc!r}")
                     await ticket.decided.wait()
@@ -228,8 +228,8 @@ class Proxy:
         return Response(error.body, status=error.status, headers=headers)
 
     def _failure_text(self, ticket: Ticket, exc: BaseException) -> str:
-        if ticket.failure is not None:
-            return ticket.failure.message
+        if ticket.rejection is not None:
+            return ticket.rejection.message
         info = self.router.supervisor.info(ticket.dispatch.replica) if ticket.dispatch else None
         if info is not None and info.stop_reason is not None:
             return f"the replica of '{ticket.model}' was stopped while answering: {info.stop_reason}"

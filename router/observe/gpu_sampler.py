@@ -20,6 +20,7 @@ import trio
 
 from router.hosts.gpu_readers import GpuReading
 from router.shell.runtime import Router
+from statemachine import replica_state
 
 log = logging.getLogger("router")
 
@@ -51,10 +52,6 @@ class Sample:
     gpus: tuple[GpuPoint, ...]
 
 
-def replica_state(phase: str, draining: bool) -> str:
-    return "draining" if draining and phase == "ready" else phase
-
-
 def gpu_points(
     router: Router, readings: Mapping[int, GpuReading], foreign: Mapping[int, int] | None = None
 ) -> tuple[GpuPoint, ...]:
@@ -64,11 +61,7 @@ def gpu_points(
     state = router.state
     points = []
     for device in sorted(state.settings.devices.values(), key=lambda d: d.id):
-        residents = tuple(
-            sorted(
-                (r.model, replica_state(r.phase, r.draining)) for r in state.replicas if device.id in r.gpus
-            )
-        )
+        residents = tuple(sorted((r.model, replica_state(r)) for r in state.replicas if device.id in r.gpus))
         reading = readings.get(device.id)
         points.append(
             GpuPoint(

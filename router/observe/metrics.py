@@ -22,8 +22,9 @@ from prometheus_client.registry import Collector
 
 from router.journal.history import History
 from router.journal.records import RequestRecord
-from router.observe.gpu_sampler import GpuSampler, replica_state
+from router.observe.gpu_sampler import GpuSampler
 from router.shell.runtime import Router
+from statemachine import ReplicaPhase, replica_state
 
 log = logging.getLogger("router")
 
@@ -198,7 +199,7 @@ class RouterMetrics:
         """(model, replica id, port) of ready replicas started with ``--metrics``."""
         targets = []
         for replica in self.router.state.replicas:
-            if replica.phase != "ready":
+            if replica.phase != ReplicaPhase.READY:
                 continue
             port = self.router.ports.get(replica.id)
             info = self.router.supervisor.info(replica.id)
@@ -325,11 +326,9 @@ class _StateCollector(Collector):
         for name, spec in sorted(state.settings.models.items()):
             mine = [r for r in state.replicas if r.model == name]
             for kind in REPLICA_STATES:
-                replicas.add_metric(
-                    [name, kind], sum(1 for r in mine if replica_state(r.phase, r.draining) == kind)
-                )
+                replicas.add_metric([name, kind], sum(1 for r in mine if replica_state(r) == kind))
             in_use.add_metric([name], sum(len(r.inflight) for r in mine))
-            slots.add_metric([name], spec.slots * sum(1 for r in mine if r.phase == "ready"))
+            slots.add_metric([name], spec.slots * sum(1 for r in mine if r.phase == ReplicaPhase.READY))
         yield replicas
         yield in_use
         yield slots

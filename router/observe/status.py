@@ -10,7 +10,7 @@ import trio
 
 from router.config.load import Config, resolve_name
 from router.shell.runtime import Router
-from statemachine import State
+from statemachine import ModelState, model_state, replica_state
 
 LOG_TAIL_BYTES = 1 << 20  # most of a replica's log file that /logs/{replica} sends
 
@@ -47,17 +47,6 @@ def gpu_entry(router: Router, gpu: int) -> dict[str, Any]:
     return entry
 
 
-def model_state(state: State, model: str) -> str:
-    phases = {r.phase for r in state.replicas if r.model == model}
-    if "ready" in phases:
-        return "ready"
-    if "loading" in phases:
-        return "loading"
-    if "stopping" in phases:
-        return "stopping"
-    return "unloaded"
-
-
 def model_entry(config: Config, router: Router, name: str, created: int) -> dict[str, Any]:
     """One model of /v1/models (and GET /v1/models/{id})."""
     state = router.state
@@ -83,7 +72,7 @@ def model_entry(config: Config, router: Router, name: str, created: int) -> dict
 def pool_entry(config: Config, router: Router, name: str, created: int) -> dict[str, Any]:
     """One pool of /v1/models (and GET /v1/models/{id})."""
     pool = config.pools[name]
-    ready = any(model_state(router.state, m) == "ready" for m in pool.members)
+    ready = any(model_state(router.state, m) is ModelState.READY for m in pool.members)
     return {
         "id": name,
         "object": "model",
@@ -126,7 +115,7 @@ def status_document(config: Config, router: Router) -> dict[str, Any]:
                 "id": r.id,
                 "model": r.model,
                 "gpus": list(r.gpus),
-                "state": "draining" if r.draining and r.phase == "ready" else r.phase,
+                "state": replica_state(r),
                 "in_flight": len(r.inflight),
                 "slots": state.settings.models[r.model].slots,
                 "port": router.ports.get(r.id) or (info.port if info else None),

@@ -36,9 +36,8 @@ from router.shell.supervisor import (
     Supervisor,
     SupervisorEvent,
 )
-from router.shell.ticket import Ticket, record_of
+from router.shell.ticket import Ticket, TicketPhase, record_of
 from statemachine import (
-    CancelUpstream,
     ClientGone,
     Command,
     Dispatch,
@@ -63,6 +62,9 @@ from statemachine import (
     UnloadRequested,
     WakeAt,
     initial_state,
+    loading_for,
+    queue_position,
+    ready_replicas,
     step,
 )
 
@@ -101,7 +103,6 @@ class Router:
         self.supervisor = Supervisor(self._from_supervisor, log_lines=router.log_lines, log_files=files)
         self.tickets: dict[int, Ticket] = {}
         self.ports: dict[int, int] = {}
-        self.ready_at: dict[int, float] = {}
         self.happenings: collections.deque[Happening] = collections.deque(maxlen=200)
         self.listeners: list[Listener] = []
         self.record_listeners: list[RecordListener] = []
@@ -152,25 +153,30 @@ class Router:
         return ticket
 
     def finish(self, ticket: Ticket, *, completed: bool) -> None:
-        """The handler is done with ``ticket``: tell the scheduler what it needs to know, exactly once."""
-        if ticket.handler_gone:
+        """The handler is done with ``ticket``: record it and tell the scheduler what it needs to know. A
+        second call changes nothing. A client gone from a request in flight is reported only now, after the
+        handler closed its upstream exchange, so the scheduler may give the slot to the next request."""
+        was = ticket.phase
+        if was is TicketPhase.FINISHED or self.tickets.get(ticket.rid) is not ticket:
             return
-        ticket.handler_gone = True
+        ticket.phase = TicketPhase.FINISHED
         self._record(ticket, completed)
-        if ticket.closed:
-            self.tickets.pop(ticket.rid, None)
-            return
-        if ticket.dispatch is not None and completed:
+        if was is TicketPhase.REJECTED:
+            self._forget(ticket.rid)
+        elif was is TicketPhase.SENT and completed:
             self.submit(RequestFinished(ticket.rid))
         else:
             self.submit(ClientGone(ticket.rid))
 
+    def _forget(self, rid: int) -> None:
+        """The one place a ticket is dropped: its handler is done and the scheduler has let go of it."""
+        self.tickets.pop(rid, None)
+
     def ready_port(self, models: tuple[str, ...] | list[str]) -> int | None:
         """The port of a ready replica of the first of ``models`` that has one."""
-        for model in models:
-            for replica in self.state.replicas:
-                if replica.model == model and replica.phase == "ready" and replica.id in self.ports:
-                    return self.ports[replica.id]
+        for replica in ready_replicas(self.state, models):
+            if replica.id in self.ports:
+                return self.ports[replica.id]
         return None
 
     def _record(self, ticket: Ticket, completed: bool) -> None:
@@ -221,7 +227,7 @@ class Router:
         if not (stale_tick or let_go):
             self._step(event)
         if isinstance(event, ClientGone | RequestFinished) and event.rid not in self.state.requests:
-            self.tickets.pop(event.rid, None)
+            self._forget(event.rid)
         self._changed.set()
         self._changed = trio.Event()
 
@@ -237,11 +243,7 @@ class Router:
     def _carry_out(self, command: Command) -> None:
         match command:
             case Dispatch(rid=rid, replica=replica):
-                ticket = self.tickets[rid]
-                ticket.dispatch = command
-                ticket.port = self.ports.get(replica)
-                ticket.dispatched_at = time.monotonic()
-                ticket.decided.set()
+                self.tickets[rid].sent(command, self.ports.get(replica))
             case Reject(rid=rid):
                 ticket = self.tickets.get(rid)
                 if ticket is None:
@@ -254,19 +256,8 @@ class Router:
                     command.code,
                     command.message,
                 )
-                ticket.closed = True
-                if ticket.dispatch is None:
-                    ticket.reject = command
-                    ticket.decided.set()
-                else:
-                    ticket.failure = command
-                if ticket.handler_gone:
-                    self.tickets.pop(rid, None)
-            case CancelUpstream(rid=rid):
-                ticket = self.tickets[rid]
-                ticket.closed = True
-                self.tickets.pop(rid, None)
-                self.submit(RequestFinished(rid))
+                if ticket.rejected(command):
+                    self._forget(rid)
             case Spawn():
                 self._spawn(command)
             case Kill(replica=replica, model=model, reason=reason):
@@ -340,7 +331,6 @@ class Router:
     def _from_supervisor(self, report: SupervisorEvent) -> None:
         match report:
             case ProcessReady(replica_id=replica):
-                self.ready_at[replica] = time.time()
                 self._note("ready", self._model_of(replica), replica, "answered /health")
                 self.submit(ReplicaReady(replica))
             case ProcessLoadFailed(replica_id=replica, reason=reason):
@@ -353,7 +343,6 @@ class Router:
                 kind = "load_failed" if during_load and "stopped:" not in reason else "exited"
                 self._note(kind, self._model_of(replica), replica, reason)
                 self.ports.pop(replica, None)
-                self.ready_at.pop(replica, None)
                 self.submit(ReplicaExited(replica, reason))
 
     def _model_of(self, replica: int) -> str:
@@ -386,9 +375,7 @@ class Router:
     # --------------------------------------------------------------------------------- reading
     def redispatch(self, ticket: Ticket, reason: str) -> None:
         """The replica ``ticket`` went to refused the connection: let the request wait for another."""
-        ticket.dispatch = None
-        ticket.port = None
-        ticket.decided = trio.Event()
+        ticket.again()
         self.submit(DispatchFailed(ticket.rid, reason))
 
     def redeploy(self, deployment: Deployment, changed: frozenset[str]) -> None:
@@ -401,24 +388,12 @@ class Router:
 
     def queue_position(self, rid: int) -> tuple[int | None, str | None]:
         """1-based position among waiting requests, and the model being loaded for it (if any)."""
-        request = self.state.requests.get(rid)
-        if request is None or request.phase != "queued":
-            return None, None
-        position = 1 + sum(
-            1 for r in self.state.requests.values() if r.phase == "queued" and r.seq < request.seq
-        )
-        loading = [r for r in self.state.replicas if r.phase == "loading"]
-        names = {r.model for r in loading}
-        target_models = (
-            set(self.state.settings.pools[request.target].members)
-            if (request.target in self.state.settings.pools)
-            else {request.target}
-        )
-        mine = sorted(names & target_models)
-        if not mine:
+        position = queue_position(self.state, rid)
+        loading = loading_for(self.state, rid)
+        if position is None or not loading:
             return position, None
-        started = min(self.supervisor_started(r.id) for r in loading if r.model in mine)
-        return position, f"{mine[0]} ({started:.0f} s so far)"
+        started = min(self.supervisor_started(r.id) for r in loading)
+        return position, f"{min(r.model for r in loading)} ({started:.0f} s so far)"
 
     def supervisor_started(self, replica: int) -> float:
         info = self.supervisor.info(replica)

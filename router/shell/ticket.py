@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import time
 
 import attrs
@@ -11,9 +12,22 @@ from router.journal.records import CLIENT_CLOSED, ERROR_TEXT_LIMIT, Observation,
 from statemachine import Dispatch, Reject
 
 
+class TicketPhase(enum.Enum):
+    """Where the shell's side of a request stands. The scheduler's own view (queued, in flight) is in its
+    state; this one says who still holds the ticket: the handler until it finishes, the scheduler until it
+    rejects the request or steps the handler's last report about it."""
+
+    WAITING = "waiting"  # admitted; the scheduler has not sent it to a replica (again)
+    SENT = "sent"  # dispatched: ``dispatch`` and ``port`` name its replica
+    REJECTED = "rejected"  # the scheduler ended it with ``rejection`` and let go of it
+    FINISHED = (
+        "finished"  # the handler is done; the scheduler lets go once it has stepped the handler's report
+    )
+
+
 @attrs.define(eq=False)
 class Ticket:
-    """The shell's side of one request: what the HTTP handler waits on."""
+    """The shell's side of one request: what the HTTP handler waits on (``decided``) and reads."""
 
     rid: int
     target: str
@@ -21,13 +35,11 @@ class Ticket:
     endpoint: str
     client: str
     started: float
+    phase: TicketPhase = TicketPhase.WAITING
     decided: trio.Event = attrs.field(factory=trio.Event)
     dispatch: Dispatch | None = None
     port: int | None = None
-    reject: Reject | None = None
-    failure: Reject | None = None
-    closed: bool = False  # the scheduler no longer owns the request (rejected, finished or forgotten)
-    handler_gone: bool = False
+    rejection: Reject | None = None
     queued_at: float = attrs.field(factory=time.monotonic)
     dispatched_at: float | None = None
     observed: Observation = attrs.field(factory=Observation)
@@ -35,6 +47,32 @@ class Ticket:
     @property
     def model(self) -> str | None:
         return None if self.dispatch is None else self.dispatch.model
+
+    @property
+    def reject(self) -> Reject | None:
+        """The rejection to answer with instead of forwarding: one that came before a replica took it."""
+        return self.rejection if self.dispatch is None else None
+
+    def sent(self, dispatch: Dispatch, port: int | None) -> None:
+        self.dispatch, self.port = dispatch, port
+        self.dispatched_at = time.monotonic()
+        self.phase = TicketPhase.SENT
+        self.decided.set()
+
+    def again(self) -> None:
+        """Its replica refused the connection: it waits for another decision."""
+        self.dispatch = self.port = None
+        self.phase = TicketPhase.WAITING
+        self.decided = trio.Event()
+
+    def rejected(self, reject: Reject) -> bool:
+        """The scheduler ended the request. True when the handler was done already: nothing holds it now."""
+        self.rejection = reject
+        if self.phase is TicketPhase.FINISHED:
+            return True
+        self.phase = TicketPhase.REJECTED
+        self.decided.set()
+        return False
 
 
 def record_of(ticket: Ticket, *, completed: bool, now: float | None = None) -> RequestRecord:
@@ -51,10 +89,8 @@ def record_of(ticket: Ticket, *, completed: bool, now: float | None = None) -> R
             error = error or text
             if code is not None and code >= 400 and (status is None or status < 400):
                 status = code
-    if ticket.reject is not None:
-        status, error = ticket.reject.status, ticket.reject.message
-    elif ticket.failure is not None:
-        status, error = ticket.failure.status, ticket.failure.message
+    if ticket.rejection is not None:
+        status, error = ticket.rejection.status, ticket.rejection.message
     if not completed and (status is None or status < 400):
         status, error = CLIENT_CLOSED, "the client closed the connection before the reply ended"
     if status is None:

@@ -11,7 +11,6 @@ from collections.abc import Sequence
 import pytest
 
 from statemachine import (
-    CancelUpstream,
     ClientGone,
     Command,
     DeviceSpec,
@@ -136,7 +135,7 @@ def test_a_swap_never_blocks_other_gpus() -> None:
 
 
 # ------------------------------------------------------------------------------ slots and concurrency
-def test_cancellation_frees_the_slot_once_the_exchange_closes() -> None:
+def test_a_client_gone_frees_its_slot_at_once() -> None:
     # checks: INV-CANCEL
     play(
         Settings(models=[ModelSpec("a")]),
@@ -146,8 +145,7 @@ def test_cancellation_frees_the_slot_once_the_exchange_closes() -> None:
             (RequestArrived(2, "a"), []),
             (RequestArrived(3, "a"), []),
             (ClientGone(3), []),  # a waiting request just leaves the queue
-            (ClientGone(1), [CancelUpstream(1, 1)]),
-            (RequestFinished(1), [Dispatch(2, 1, "a")]),  # the slot is free at once
+            (ClientGone(1), [Dispatch(2, 1, "a")]),  # the shell closed the exchange: the slot is free
         ],
     )
 
@@ -695,16 +693,17 @@ def test_illegal_events_raise_and_leave_the_state_unchanged() -> None:
             (Tick(1.0), []),
             (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
             (RequestArrived(2, "a"), []),
+            (RequestArrived(3, "a"), []),
             (ReplicaReady(1), [Dispatch(1, 1, "a")]),
-            (ClientGone(1), [CancelUpstream(1, 1)]),
+            (ClientGone(1), [Dispatch(2, 1, "a")]),
         ],
     )
     illegal: list[object] = [
         Tick(0.5),  # back in time
-        RequestArrived(2, "a"),  # already waiting
-        RequestFinished(2),  # not in flight
+        RequestArrived(3, "a"),  # already waiting
+        RequestFinished(3),  # not in flight
         RequestFinished(9),  # unknown
-        ClientGone(1),  # already being cancelled
+        ClientGone(1),  # already gone
         ClientGone(9),
         ReplicaReady(1),  # already ready
         LoadFailed(1, "x"),
@@ -718,9 +717,9 @@ def test_illegal_events_raise_and_leave_the_state_unchanged() -> None:
         with pytest.raises(IllegalEvent):
             step(state, event)  # type: ignore[arg-type]
         assert repr(state) == before
-    # the state still works: the cancelled exchange closes and the next request takes the slot
-    state, commands = step(state, RequestFinished(1))
-    assert list(commands) == [Dispatch(2, 1, "a")]
+    # the state still works: the running request finishes and the next one takes the slot
+    state, commands = step(state, RequestFinished(2))
+    assert list(commands) == [Dispatch(3, 1, "a")]
 
 
 # ------------------------------------------------------------------------------- economy and choice
