@@ -109,6 +109,9 @@ def fast_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimRun]:
 # Loading, health and process faults
 
 
+FIT_OFF = ("--fit", "off", "--foo")
+
+
 def test_health_is_503_while_loading_then_200(tmp_path: Path) -> None:
     model = write_sim_model(tmp_path, "slow", load_delay=0.6)
     port = free_port()
