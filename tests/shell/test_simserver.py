@@ -126,10 +126,8 @@ def test_health_is_503_while_loading_then_200(tmp_path: Path) -> None:
                 str(port),
                 "-m",
                 str(model),
-                "--fit",
-                "off",
-            ]
-            + ["--foo"],
+                *FIT_OFF,
+            ],
             stderr=log_file,
             cwd=REPO,
         )
