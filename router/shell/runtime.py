@@ -26,16 +26,16 @@ from router.deploy.launch import ModelLaunch
 from router.hosts.gpu_monitor import GpuMonitor, Ours
 from router.journal.records import RequestRecord
 from router.shell.ports import free_port
-from router.shell.replica_logs import ReplicaLogs
-from router.shell.supervisor import (
+from router.shell.processes import (
     LaunchSpec,
     ProcessExited,
     ProcessLoadFailed,
     ProcessReady,
     ProcessUnresponsive,
-    Supervisor,
     SupervisorEvent,
 )
+from router.shell.replica_logs import ReplicaLogs
+from router.shell.supervisor import Supervisor
 from router.shell.ticket import Ticket, record_of
 from statemachine import (
     CancelUpstream,
