@@ -33,7 +33,6 @@ from router.shell.processes import (
     ProcessReady,
     ProcessSupervisor,
     ProcessUnresponsive,
-    Report,
     SupervisorEvent,
     SupervisorFactory,
 )
@@ -110,8 +109,14 @@ class Router:
         router = deployment.config.router
         self.load_timeout = router.load_timeout
         self.stop_timeout = router.stop_timeout
-        make = supervisor if supervisor is not None else self._real_supervisor
-        self.supervisor: ProcessSupervisor = make(self._from_supervisor)
+        self.supervisor: ProcessSupervisor
+        if supervisor is None:
+            files = ReplicaLogs(
+                router.replica_logs, keep=router.replica_log_files, max_bytes=router.replica_log_max_mib << 20
+            )
+            self.supervisor = Supervisor(self._from_supervisor, log_lines=router.log_lines, log_files=files)
+        else:
+            self.supervisor = supervisor(self._from_supervisor)
         self.tickets: dict[int, Ticket] = {}
         self.ports: dict[int, int] = {}
         self.ready_at: dict[int, float] = {}
@@ -124,13 +129,6 @@ class Router:
         self._next_rid = 1
         self._timer_scope: trio.CancelScope | None = None
         self._wake_at = math.inf
-
-    def _real_supervisor(self, report: Report) -> ProcessSupervisor:
-        router = self.config.router
-        files = ReplicaLogs(
-            router.replica_logs, keep=router.replica_log_files, max_bytes=router.replica_log_max_mib << 20
-        )
-        return Supervisor(report, log_lines=router.log_lines, log_files=files)
 
     @property
     def config(self) -> Config:
