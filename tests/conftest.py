@@ -1,7 +1,8 @@
 """Every test carries the marker of its tier folder, so that `-m core`, `-m "not real"` and the like select
-tiers: core (the pure scheduler), unit (single modules, no router running), shell (a router against the
-simulated llama-server), real (the real llama-server on tiny generated models), browser (headless Chromium),
-docs (README, spec and packaging kept true). Tests elsewhere that run the real binary are marked `real`."""
+tiers: core (the pure scheduler), unit (single modules, no router running), owner (the real Router over a
+fake supervisor, on a mock clock), shell (a router against the simulated llama-server), real (the real
+llama-server on tiny generated models), browser (headless Chromium), docs (README, spec and packaging kept
+true). Tests elsewhere that run the real binary are marked `real`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("core", "unit", "shell", "real", "browser", "docs")
+TIERS = ("core", "unit", "owner", "shell", "real", "browser", "docs")
 HERE = Path(__file__).resolve().parent
 
 

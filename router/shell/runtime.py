@@ -26,16 +26,18 @@ from router.deploy.launch import ModelLaunch
 from router.hosts.gpu_monitor import GpuMonitor, Ours
 from router.journal.records import RequestRecord
 from router.shell.ports import free_port
-from router.shell.replica_logs import ReplicaLogs
-from router.shell.supervisor import (
+from router.shell.processes import (
     LaunchSpec,
     ProcessExited,
     ProcessLoadFailed,
     ProcessReady,
+    ProcessSupervisor,
     ProcessUnresponsive,
-    Supervisor,
     SupervisorEvent,
+    SupervisorFactory,
 )
+from router.shell.replica_logs import ReplicaLogs
+from router.shell.supervisor import Supervisor
 from router.shell.ticket import Ticket, TicketPhase, record_of
 from statemachine import (
     ClientGone,
@@ -87,20 +89,36 @@ RecordListener = Callable[[RequestRecord], None]
 
 
 class Router:
+    """The owner task and its state. ``supervisor`` builds the process supervisor, given the callback its
+    reports go to (None: the real one, with the configured replica logs). ``strict`` makes an event the
+    scheduler refuses raise its ``IllegalEvent`` out of the owner task instead of being logged and dropped
+    (the shell and the scheduler disagree). Production runs non-strict."""
+
     def __init__(
-        self, deployment: Deployment, *, gpus: GpuMonitor | None = None, source: ConfigSource | None = None
+        self,
+        deployment: Deployment,
+        *,
+        gpus: GpuMonitor | None = None,
+        source: ConfigSource | None = None,
+        supervisor: SupervisorFactory | None = None,
+        strict: bool = False,
     ) -> None:
         self.deployment = deployment
         self.source = source  # where a reload reads the configuration (None: the config file again)
         self.gpus = gpus or GpuMonitor()
+        self.strict = strict
         self.state: State = initial_state(deployment.settings, trio.current_time())
         router = deployment.config.router
         self.load_timeout = router.load_timeout
         self.stop_timeout = router.stop_timeout
-        files = ReplicaLogs(
-            router.replica_logs, keep=router.replica_log_files, max_bytes=router.replica_log_max_mib << 20
-        )
-        self.supervisor = Supervisor(self._from_supervisor, log_lines=router.log_lines, log_files=files)
+        self.supervisor: ProcessSupervisor
+        if supervisor is None:
+            files = ReplicaLogs(
+                router.replica_logs, keep=router.replica_log_files, max_bytes=router.replica_log_max_mib << 20
+            )
+            self.supervisor = Supervisor(self._from_supervisor, log_lines=router.log_lines, log_files=files)
+        else:
+            self.supervisor = supervisor(self._from_supervisor)
         self.tickets: dict[int, Ticket] = {}
         self.ports: dict[int, int] = {}
         self.happenings: collections.deque[Happening] = collections.deque(maxlen=200)
@@ -235,6 +253,8 @@ class Router:
         try:
             self.state, commands = step(self.state, event)
         except IllegalEvent as exc:
+            if self.strict:
+                raise
             log.error("scheduler refused an event: %s", exc)
             return
         for command in commands:

@@ -16,15 +16,15 @@ import pytest
 import trio
 
 from router.shell.logring import LineSplitter, telling_lines
-from router.shell.supervisor import (
+from router.shell.ports import free_port
+from router.shell.processes import (
     LaunchSpec,
     ProcessExited,
     ProcessLoadFailed,
     ProcessReady,
-    Supervisor,
     SupervisorEvent,
-    free_port,
 )
+from router.shell.supervisor import Supervisor
 from tests.support.simtools import read_records, sim_launcher, write_sim_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -335,7 +335,8 @@ PARENT_SCRIPT = textwrap.dedent(
     """
     import sys
     import trio
-    from router.shell.supervisor import LaunchSpec, ProcessReady, Supervisor
+    from router.shell.processes import LaunchSpec, ProcessReady
+    from router.shell.supervisor import Supervisor
 
     async def main():
         ready = trio.Event()

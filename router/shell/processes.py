@@ -1,0 +1,134 @@
+"""What a process supervisor is given, what it reports, and the interface the owner task drives it through.
+
+The owner task (``router.shell.runtime``) decides when a replica should exist; a supervisor starts and
+stops the processes and reports what becomes of them, one value per happening, through a callback it is
+given at construction:
+
+* ``ProcessReady`` once /health has answered 200;
+* ``ProcessLoadFailed`` when /health did not answer 200 within the load timeout (the process is then
+  being stopped, and a ``ProcessExited`` follows);
+* ``ProcessUnresponsive`` when a ready replica stopped answering /health (it has already been killed);
+* ``ProcessExited`` exactly once per spawned replica, after the process has been reaped.
+
+:class:`ProcessSupervisor` is all the owner task and the status pages need of a supervisor; the real one
+is ``router.shell.supervisor.Supervisor``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+import attrs
+import trio
+
+from router.shell.replica_logs import ReplicaLogFile
+
+__all__ = [
+    "LaunchSpec",
+    "ProcessExited",
+    "ProcessLoadFailed",
+    "ProcessReady",
+    "ProcessSupervisor",
+    "ProcessUnresponsive",
+    "ReplicaProcessInfo",
+    "Report",
+    "SupervisorEvent",
+    "SupervisorFactory",
+]
+
+
+@attrs.frozen
+class LaunchSpec:
+    """Everything needed to start one llama-server replica."""
+
+    replica_id: int
+    model: str
+    argv: tuple[str, ...] = attrs.field(converter=tuple)
+    env: Mapping[str, str] = attrs.field(factory=dict)
+    port: int = 0
+    load_timeout: float = 120.0
+    stop_timeout: float = 10.0
+    cwd: str | None = None  # relative paths in the argv start here (the config file's directory)
+    # A ready replica that answers no /health probe for this long is declared hung (None: never).
+    hang_timeout: float | None = 30.0
+
+
+@attrs.frozen
+class ProcessReady:
+    replica_id: int
+
+
+@attrs.frozen
+class ProcessLoadFailed:
+    replica_id: int
+    reason: str
+
+
+@attrs.frozen
+class ProcessUnresponsive:
+    """A ready replica stopped answering /health; the supervisor has already sent it SIGKILL."""
+
+    replica_id: int
+    reason: str
+
+
+@attrs.frozen
+class ProcessExited:
+    replica_id: int
+    returncode: int | None
+    during_load: bool
+    reason: str
+
+
+SupervisorEvent = ProcessReady | ProcessLoadFailed | ProcessUnresponsive | ProcessExited
+Report = Callable[[SupervisorEvent], None]
+
+
+@attrs.frozen
+class ReplicaProcessInfo:
+    """A snapshot of one replica's process, for status pages and error messages."""
+
+    replica_id: int
+    model: str
+    pid: int | None
+    port: int
+    argv: tuple[str, ...]
+    started_at: float | None  # wall-clock seconds (time.time()) when the process was started
+    ready: bool
+    exited: bool
+    returncode: int | None
+    stop_reason: str | None
+    log_path: str | None = None  # the replica's log file, when it has one
+
+
+class ProcessSupervisor(Protocol):
+    """Starts and stops replica processes and reports on them through the callback it was built with."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the replicas' tasks until cancelled; ``task_status.started()`` once ``spawn`` may be called."""
+        ...
+
+    def spawn(self, spec: LaunchSpec) -> None:
+        """Start the replica ``spec`` describes; its reports follow through the callback."""
+        ...
+
+    def kill(self, replica_id: int, reason: str) -> None:
+        """Stop a replica; idempotent, and unknown or exited replicas are ignored."""
+        ...
+
+    def info(self, replica_id: int) -> ReplicaProcessInfo | None:
+        """A snapshot of the replica's process (kept for a while after it exits), or None."""
+        ...
+
+    def logs(self, replica_id: int) -> list[str]:
+        """The replica's last output lines (empty when none are kept)."""
+        ...
+
+    def log_file(self, replica_id: int) -> ReplicaLogFile | None:
+        """The replica's log file, if it has one."""
+        ...
+
+
+# Builds the supervisor a Router uses, given the callback its reports go to.
+SupervisorFactory = Callable[[Report], ProcessSupervisor]

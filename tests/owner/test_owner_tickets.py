@@ -1,0 +1,147 @@
+"""Tickets against replicas that change under them: a client that leaves, a replica that exits, a replica
+that refuses the connection. The router is strict: any event the scheduler refuses fails the test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+import trio.testing
+
+from router.shell.ticket import TicketPhase
+from tests.support.fake_supervisor import ask, owned_router, settle
+
+MODELS = {"a": {}}
+
+
+async def test_a_client_that_leaves_while_its_replica_loads_is_forgotten(
+    tmp_path: Path, launcher: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
+        router, sup = owned.router, owned.supervisor
+        ticket = ask(router, "a")
+        await settle()
+        assert len(sup.spawns) == 1 and router.state.requests[ticket.rid].phase == "queued"
+        router.finish(ticket, completed=False)
+        await settle()
+        assert not router.state.requests and not router.tickets
+        sup.ready(1)  # the load goes on; the replica is ready for the next request, not this one
+        await settle()
+        assert ticket.dispatch is None and not ticket.decided.is_set()
+        assert [r.phase for r in router.state.replicas] == ["ready"]
+        later = ask(router, "a")
+        await later.decided.wait()
+        assert later.dispatch is not None and later.dispatch.replica == 1
+
+
+async def test_a_client_that_leaves_while_the_load_fails_gets_no_reply(
+    tmp_path: Path, launcher: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
+        router, sup = owned.router, owned.supervisor
+        ticket = ask(router, "a")
+        await settle()
+        router.finish(ticket, completed=False)
+        sup.load_failed(1, "no /health within 20 s")  # reported before the owner saw the client leave
+        await settle()
+        assert [k.replica for k in sup.kills] == [1]
+        sup.exit(1)
+        await settle()
+        assert ticket.reject is None and not ticket.decided.is_set()
+        assert not router.state.requests and not router.tickets and not router.state.replicas
+
+
+async def test_a_replica_that_exits_under_a_request_fails_it_after_dispatch(
+    tmp_path: Path, launcher: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
+        router, sup = owned.router, owned.supervisor
+        ticket = ask(router, "a")
+        await settle()
+        sup.ready(1)
+        await ticket.decided.wait()
+        dispatch = ticket.dispatch
+        sup.exit(1, returncode=-11)
+        await settle()
+        # Already dispatched: the reply is under way, so the refusal is a failure, not a reject.
+        assert ticket.reject is None and ticket.dispatch is dispatch
+        assert ticket.rejection is not None and (ticket.rejection.status, ticket.rejection.code) == (
+            502,
+            "replica_exited",
+        )
+        assert (
+            ticket.phase is TicketPhase.REJECTED and ticket.rid in router.tickets
+        )  # until its handler is done
+        router.finish(ticket, completed=False)
+        await settle()
+        assert not router.tickets and not router.state.requests
+        assert [h.kind for h in router.happenings][-1] == "exited"
+
+
+async def test_a_handler_finishing_as_its_replica_exits_is_let_go_once(
+    tmp_path: Path, launcher: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
+        router, sup = owned.router, owned.supervisor
+        ticket = ask(router, "a")
+        await settle()
+        sup.ready(1)
+        await ticket.decided.wait()
+        # Both reach the channel before the owner runs: the exit first, then the handler's RequestFinished.
+        sup.exit(1, returncode=1)
+        router.finish(ticket, completed=True)
+        await settle()
+        assert ticket.rejection is not None and ticket.rejection.code == "replica_exited"
+        assert not router.tickets and not router.state.requests
+
+
+async def test_a_refused_connection_sends_the_request_to_another_replica(
+    tmp_path: Path, launcher: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
+        router, sup = owned.router, owned.supervisor
+        ticket = ask(router, "a")
+        await settle()
+        sup.ready(1)
+        await ticket.decided.wait()
+        first = ticket.decided
+        router.redispatch(ticket, "connection refused")
+        assert ticket.dispatch is None and ticket.port is None and ticket.decided is not first
+        await settle()
+        # The refusing replica takes no more work and is stopped; the request waits for a new one.
+        assert [(k.replica, k.reason) for k in sup.kills] == [(1, "unloaded")]
+        assert router.state.requests[ticket.rid].phase == "queued"
+        assert [s.replica_id for s in sup.spawns] == [1, 2]
+        assert not ticket.decided.is_set()
+        sup.exit(1)
+        sup.ready(2)
+        await ticket.decided.wait()
+        assert ticket.dispatch is not None and ticket.dispatch.replica == 2
+        assert ticket.port == sup.spawns[1].port
+        router.finish(ticket, completed=True)
+        await settle()
+        assert not router.tickets and not router.state.requests
+
+
+async def test_a_redispatch_after_the_replica_exited_gets_the_exit_as_its_answer(
+    tmp_path: Path, launcher: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
+        router, sup = owned.router, owned.supervisor
+        ticket = ask(router, "a")
+        await settle()
+        sup.ready(1)
+        await ticket.decided.wait()
+        # The connection was refused because the process was already gone; its exit is reported first.
+        sup.exit(1, returncode=-9)
+        router.redispatch(ticket, "connection refused")
+        await ticket.decided.wait()
+        assert ticket.dispatch is None
+        assert ticket.reject is not None and (ticket.reject.status, ticket.reject.code) == (
+            502,
+            "replica_exited",
+        )
+        router.finish(ticket, completed=False)
+        await settle()
+        assert not router.tickets and not router.state.requests
+        assert [s.replica_id for s in sup.spawns] == [1]  # the DispatchFailed never reached the scheduler
