@@ -77,7 +77,7 @@ Reserve
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -661,9 +661,6 @@ class Footprint:
     def host_bytes(self) -> int:
         return self.host_weights + self.host_kv
 
-    def by_device(self) -> dict[int | str, DeviceFootprint]:
-        return {d.device: d for d in self.devices}
-
 
 # llama.cpp runs a host-kept weight's product on a GPU only for batches of at least this many tokens.
 OP_OFFLOAD_MIN_BATCH = 32
@@ -798,11 +795,3 @@ def estimate(
     return Footprint(
         layout=layout, gpu_layers=ngl, devices=tuple(rows), host_weights=host_weights, host_kv=host_kv
     )
-
-
-def shares_from_budgets(budgets: Mapping[int | str, int | None], devices: Sequence[int | str]) -> list[float]:
-    """Layer-split weights from device budgets; equal weights when any budget is unknown."""
-    values = [budgets.get(d) for d in devices]
-    if any(v is None or v <= 0 for v in values):
-        return [1.0] * len(devices)
-    return [float(v) for v in values if v is not None]
