@@ -83,7 +83,6 @@ from router.placement.footprint import (
 from router.placement.gguf_header import GGUFError, read_header
 
 __all__ = [
-    "VERDICTS",
     "DeviceRow",
     "DraftInput",
     "ModelPlan",
@@ -94,7 +93,6 @@ __all__ = [
 
 MiB = 1 << 20
 GiB = 1 << 30
-VERDICTS = ("fits", "refused", "override", "unknown-budget", "error")
 Device = int | str
 DEFAULT_BATCH = 2048  # llama.cpp's -b default; -ub is clamped to it
 
