@@ -1,7 +1,8 @@
 """llama-server flags that move memory: how they are read, and what placement adds for them.
 
 Headers are synthetic (no weights). Expected byte counts are worked out by hand from llama.cpp's rules
-(router/placement/footprint.py, router/placement/extras.py, router/deploy/memory_flags.py).
+(router/placement/kv_layout.py, router/placement/footprint.py, router/placement/extras.py,
+router/deploy/memory_flags.py).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from router.config.load import load_config
 from router.deploy.bridge import placement_inputs
 from router.deploy.memory_flags import EXPERTS_REGEX, flash_attn, memory_flags
 from router.placement.extras import DraftInput, host_tensor_bytes, projector_from_header
-from router.placement.fit import ModelPlan, PlacementInput, plan_model
-from router.placement.footprint import estimate, geometry_from_header
+from router.placement.fit import plan_model
+from router.placement.footprint import estimate
+from router.placement.geometry import geometry_from_header
 from router.placement.gguf_header import read_header
+from router.placement.model_plan import ModelPlan, PlacementInput
 from router.placement.plan import format_plan_table, plan_document
 from router.placement.synthetic import SyntheticModel, write_header_only
 from tests.support.harness import post_chat, running_router
