@@ -25,9 +25,10 @@ from typing import Any
 
 import attrs
 
+from router.config.keyspec import InvalidValue, check_value, render_value, spec_by_name
 from router.config.load import Config, ConfigError, config_from_dict, load_config, read_document
 from router.config.model_folder import FolderError, FolderModel, FolderScan, scan_folder
-from router.config.schema import ROUTER_KEYS, InvalidValue, check_value, render_value, spec_by_name
+from router.config.schema import ROUTER_KEYS
 
 __all__ = ["ConfigSource", "folder_table"]
 
