@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.support.simtools import (
-    SIMSERVER,
+    REPO,
     SimRun,
     free_port,
     read_records,
@@ -114,10 +114,8 @@ def test_health_is_503_while_loading_then_200(tmp_path: Path) -> None:
     port = free_port()
     started = time.monotonic()
     with (tmp_path / "log").open("wb") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, str(SIMSERVER), "--port", str(port), "-m", str(model), "--fit", "off", "--foo"],
-            stderr=log_file,
-        )
+        command = [sys.executable, "-m", "tests.support.simserver", "--port", str(port), "-m", str(model)]
+        proc = subprocess.Popen([*command, "--fit", "off", "--foo"], stderr=log_file, cwd=REPO)
     try:
         listening_after = wait_listening(port, proc=proc)
         url = f"http://127.0.0.1:{port}"
