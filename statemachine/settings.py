@@ -12,8 +12,6 @@ import attrs
 from pyrsistent import pmap
 from pyrsistent.typing import PMap
 
-EVICTION_POLICIES = ("lru", "fifo")
-
 
 def _need_converter(value: Mapping[int, int] | None) -> PMap[int, int]:
     return pmap(value or {})

@@ -15,9 +15,10 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from router.config.keyspec import render_value, spec_by_name
 from router.config.load import ConfigError, config_from_dict
 from router.config.model_folder import FolderModel, FolderScan
-from router.config.schema import ROUTER_KEYS, render_value, spec_by_name
+from router.config.schema import ROUTER_KEYS
 from router.config.source import ConfigSource, folder_table
 from router.deploy.bridge import plan
 

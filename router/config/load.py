@@ -21,6 +21,7 @@ from typing import Any
 
 import attrs
 
+from router.config.keyspec import STRING_LIST, InvalidValue, KeySpec, check_value, render_value, spec_by_name
 from router.config.origins import (
     canonical_host_entry,
     canonical_origin_entry,
@@ -28,16 +29,7 @@ from router.config.origins import (
     origin_entry_problem,
 )
 from router.config.reference import reference_markdown
-from router.config.schema import (
-    ROUTER_KEYS,
-    STRING_LIST,
-    TOP_LEVEL_KEYS,
-    InvalidValue,
-    KeySpec,
-    check_value,
-    render_value,
-    spec_by_name,
-)
+from router.config.schema import ROUTER_KEYS, TOP_LEVEL_KEYS
 from router.config.tables import (
     Doc,
     check_unique_names,

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from router.config.schema import CACHE_TYPES, DEVICE_KEYS, MODEL_KEYS, POOL_KEYS, ROUTER_KEYS, KeySpec
+from router.config.keyspec import KeySpec
+from router.config.schema import CACHE_TYPES, DEVICE_KEYS, MODEL_KEYS, POOL_KEYS, ROUTER_KEYS
 
 
 def _table(specs: Sequence[KeySpec], *, with_env: bool) -> str:

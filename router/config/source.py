@@ -25,9 +25,10 @@ from typing import Any
 
 import attrs
 
+from router.config.keyspec import InvalidValue, check_value, render_value, spec_by_name
 from router.config.load import Config, ConfigError, config_from_dict, load_config, read_document
 from router.config.model_folder import FolderError, FolderModel, FolderScan, scan_folder
-from router.config.schema import ROUTER_KEYS, InvalidValue, check_value, render_value, spec_by_name
+from router.config.schema import ROUTER_KEYS
 
 __all__ = ["ConfigSource", "folder_table"]
 
@@ -59,7 +60,7 @@ class ConfigSource:
         """Build the configuration; ConfigError for every problem (a bad file, an empty folder, ...)."""
         env = os.environ if env is None else env
         if self.models_dir is not None:
-            config = self._with_folder(self.models_dir, env)
+            config = self._with_folder(env)
         elif self.file is not None:
             config = load_config(self.file, env)
         else:
@@ -77,7 +78,7 @@ class ConfigSource:
             log.warning("models folder: %s", warning)
         return scan
 
-    def _with_folder(self, folder: Path, env: Mapping[str, str]) -> Config:
+    def _with_folder(self, env: Mapping[str, str]) -> Config:
         scan = self.scan()
         if self.file is None:
             if not scan.models:

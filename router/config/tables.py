@@ -11,19 +11,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from router.config.keyspec import InvalidValue, KeySpec, check_value, render_value
 from router.config.llama_args import flag_identity, router_owned_hint
-from router.config.schema import (
-    CACHE_TYPES,
-    DEVICE_KEYS,
-    EFFORT_KEYS,
-    MODEL_KEYS,
-    POOL_KEYS,
-    PRICING_KEYS,
-    InvalidValue,
-    KeySpec,
-    check_value,
-    render_value,
-)
+from router.config.schema import CACHE_TYPES, DEVICE_KEYS, EFFORT_KEYS, MODEL_KEYS, POOL_KEYS, PRICING_KEYS
 from router.config.values import (
     ALL_GPUS,
     ConfigError,

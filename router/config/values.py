@@ -12,7 +12,8 @@ from typing import Any, Literal
 
 import attrs
 
-from router.config.schema import ROUTER_KEYS, spec_by_name
+from router.config.keyspec import spec_by_name
+from router.config.schema import ROUTER_KEYS
 from router.frozenmap import FrozenMap
 
 # The value of ModelConfig.gpus that stands for every GPU the router sees; resolve with resolve_gpus().

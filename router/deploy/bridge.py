@@ -23,8 +23,8 @@ from router.deploy.launch import ModelDecision, default_decision, gpu_ids
 from router.deploy.memory_flags import flash_attn, memory_flags
 from router.hosts.gpu_monitor import GpuMonitor, Ours
 from router.placement.budgets import gather_budgets, host_budget
-from router.placement.fit import ModelPlan, PlacementInput
 from router.placement.footprint import CPU
+from router.placement.model_plan import ModelPlan, PlacementInput
 from router.placement.plan import format_plan_table, plan_document, plan_models
 
 log = logging.getLogger("router.placement")

@@ -61,8 +61,8 @@ import attrs
 from router.config.llama_args import flag_identity, merged_flags, render_flag
 from router.config.values import FlagValue
 from router.placement.extras import DEFAULT_DRAFT_MAX, DraftInput
-from router.placement.fit import DEFAULT_BATCH
-from router.placement.footprint import CACHE_TYPES, DEFAULT_UBATCH
+from router.placement.kv_layout import CACHE_TYPES, DEFAULT_UBATCH
+from router.placement.model_plan import DEFAULT_BATCH
 
 __all__ = ["MemoryFlags", "flash_attn", "memory_flags"]
 
@@ -133,7 +133,7 @@ class _Flag:
 
 @attrs.frozen
 class MemoryFlags:
-    """What the flags say, as :class:`router.placement.fit.PlacementInput` keyword arguments."""
+    """What the flags say, as :class:`router.placement.model_plan.PlacementInput` keyword arguments."""
 
     ubatch: int = DEFAULT_UBATCH
     batch: int = DEFAULT_BATCH

@@ -24,8 +24,9 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from router.config.keyspec import render_value
 from router.config.llama_args import ROUTER_OWNED, flag_identity, render_flag
-from router.config.schema import MODEL_KEYS, render_value
+from router.config.schema import MODEL_KEYS
 from router.config.values import Config, ConfigError, FlagValue
 from router.hosts.locate import router_home
 

@@ -26,7 +26,7 @@ import trio
 from quart import Response, g, redirect, request
 from quart_trio import QuartTrio
 
-from router.config.load import Config, resolve_name
+from router.config.load import resolve_name
 from router.http.browser_guard import drop_cors
 from router.http.errors import error_response, unknown_model
 from router.http.proxy import HOP_BY_HOP, SAFE_SEGMENT, Proxy, read_replica_error
@@ -52,7 +52,7 @@ async def _relay(upstream: httpx.Response) -> AsyncIterator[bytes]:
             await upstream.aclose()
 
 
-def register_chat(app: QuartTrio, config: Config, router: Router, client: httpx.AsyncClient) -> None:
+def register_chat(app: QuartTrio, router: Router, client: httpx.AsyncClient) -> None:
     proxy = Proxy(router, client)
 
     def model_of(name: str) -> str | None:

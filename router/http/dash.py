@@ -194,4 +194,4 @@ def register_dash(
             return error_response(404, "not_found", f"no dashboard file '{name}'")
         return _static(name)
 
-    register_chat(app, config, router, client)
+    register_chat(app, router, client)

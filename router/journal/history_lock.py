@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from router.config.schema import render_value
+from router.config.keyspec import render_value
 from router.config.values import Config, ConfigError
 
 log = logging.getLogger("router")

@@ -41,7 +41,6 @@ __all__ = [
 ]
 
 MiB = 1 << 20
-METHODS = ("idle", "processes", "baseline", "unattributed")
 
 
 @attrs.frozen

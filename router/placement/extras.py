@@ -43,14 +43,8 @@ from pathlib import Path
 
 import attrs
 
-from router.placement.footprint import (
-    CPU,
-    Footprint,
-    FootprintError,
-    ModelGeometry,
-    geometry_from_header,
-    tensor_layer,
-)
+from router.placement.footprint import CPU, Footprint
+from router.placement.geometry import FootprintError, ModelGeometry, geometry_from_header, tensor_layer
 from router.placement.gguf_header import GGUFError, GGUFHeader, read_header
 
 __all__ = [

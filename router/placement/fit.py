@@ -6,7 +6,8 @@ context floor does not fit, the model is refused with the arithmetic in the mess
 moves layers to the CPU to make room: partial offload is an operator's explicit choice (``gpu_layers``).
 
 :func:`decide` is pure: geometry (from the GGUF header), the operator's inputs, device budgets and the
-reserve in; a :class:`ModelPlan` out. :func:`plan_model` reads the header first.
+reserve in; a :class:`~router.placement.model_plan.ModelPlan` out. :func:`plan_model` reads the header
+first. The messages are worded by ``router.placement.fit_messages``.
 
 Verdicts
     ``fits``            automatic mode found a context; ``ctx`` is what to pass to ``-c``.
@@ -63,165 +64,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-import attrs
-
-from router.frozenmap import FrozenMap
-from router.placement.extras import DraftInput, Extras, HostTensors, add_draft, add_projector, read_extras
-from router.placement.footprint import (
-    CPU,
-    DEFAULT_RESERVE,
-    DEFAULT_UBATCH,
-    Footprint,
-    FootprintError,
-    ModelGeometry,
-    estimate,
-    geometry_from_header,
-)
+from router.placement.extras import Extras, add_draft, add_projector, read_extras
+from router.placement.fit_messages import gib, operator_settings, over_budget, override_message, shortfall
+from router.placement.footprint import CPU, DEFAULT_RESERVE, Footprint, estimate
+from router.placement.geometry import FootprintError, ModelGeometry, geometry_from_header
 from router.placement.gguf_header import GGUFError, read_header
+from router.placement.model_plan import Device, DeviceRow, ModelPlan, PlacementInput
 
-__all__ = [
-    "VERDICTS",
-    "DeviceRow",
-    "DraftInput",
-    "ModelPlan",
-    "PlacementInput",
-    "decide",
-    "plan_model",
-]
+__all__ = ["decide", "plan_model"]
 
 MiB = 1 << 20
-GiB = 1 << 30
-VERDICTS = ("fits", "refused", "override", "unknown-budget", "error")
-Device = int | str
-DEFAULT_BATCH = 2048  # llama.cpp's -b default; -ub is clamped to it
-
-
-def _gpus(value: Sequence[int]) -> tuple[int, ...]:
-    return tuple(value)
-
-
-@attrs.frozen
-class PlacementInput:
-    """One model as the operator configured it.
-
-    ``ctx`` and ``gpu_layers`` are operator overrides (None: automatic). ``flash_attn`` says whether
-    llama-server runs with flash attention (its default ``auto`` turns it on wherever the backend supports
-    it; quantised V caches require it). ``kv_unified`` mirrors ``--kv-unified`` (one KV stream shared by the
-    slots instead of one per slot).
-
-    The rest mirror llama-server flags (see the module docstring): ``ubatch``/``batch`` (``-ub``/``-b``;
-    the effective micro-batch is the smaller), ``swa_full``, ``kv_offload`` (False: ``--no-kv-offload``),
-    ``op_offload`` (False: ``--no-op-offload``), ``tensor_split`` (the operator's ``--tensor-split``
-    weights, one per GPU of ``gpus``; empty: split by budgets), ``host_patterns`` (tensor-name regexes
-    kept in host memory) with ``host_flags`` (the flags as written, for messages), ``mmproj`` and
-    ``mmproj_offload``, ``draft``; ``unsupported`` lists the flags placement cannot model, each with the
-    reason, and makes the verdict "refused".
-    """
-
-    name: str
-    path: Path = attrs.field(converter=Path)
-    gpus: tuple[int, ...] = attrs.field(default=(0,), converter=_gpus)
-    parallel: int = 1
-    num_instance: int = 1
-    ctx: int | None = None
-    gpu_layers: int | None = None
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    ubatch: int = DEFAULT_UBATCH
-    ctx_floor: int = 2048
-    ctx_default: int = 4096
-    flash_attn: bool = True
-    kv_unified: bool = False
-    batch: int = DEFAULT_BATCH
-    swa_full: bool = False
-    kv_offload: bool = True
-    op_offload: bool = True
-    tensor_split: tuple[float, ...] = attrs.field(default=(), converter=tuple)
-    host_patterns: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    host_flags: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    mmproj: Path | None = None
-    mmproj_offload: bool = True
-    draft: DraftInput | None = None
-    unsupported: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-
-
-@attrs.frozen
-class DeviceRow:
-    """Per-replica prediction for one device, with its budget (None: unknown). Bytes throughout.
-
-    ``draft`` and ``projector`` are the parts of ``total`` a draft model and a projector take (already
-    inside weights, kv, recurrent and compute)."""
-
-    device: Device
-    layers: int
-    weights: int
-    kv_per_token: int
-    kv: int
-    recurrent: int
-    compute: int
-    reserve: int
-    total: int
-    budget: int | None
-    draft: int = 0
-    projector: int = 0
-
-    @property
-    def label(self) -> str:
-        return "CPU" if self.device == CPU else f"GPU {self.device}"
-
-
-@attrs.frozen
-class ModelPlan:
-    """The placement decision for one model (see the module docstring for the verdicts).
-
-    ``ctx`` is the ``-c`` value (None when there is none to give: errors, refusals report the floor they
-    tried in ``ctx_tried``); ``ctx_per_slot`` the cells each slot gets (llama.cpp's n_ctx_seq);
-    ``gpu_layers`` the ``-ngl`` value (``n_layer + 1`` = everything, 0 on a CPU-only host);
-    ``rows`` one :class:`DeviceRow` per device; ``need_by_gpu`` the bytes one replica needs on each GPU
-    (empty on a CPU-only host); ``host_bytes`` what one replica keeps in host memory besides compute
-    buffers (token embeddings, layers a partial ``gpu_layers`` leaves on the CPU, tensors overridden to
-    the CPU, a projector that is not offloaded, the KV cache under ``--no-kv-offload``, and the same for
-    a draft model); ``trained_ctx`` the model's
-    training context (0 when the header does not say). ``tensor_split`` (multi-GPU models with known
-    budgets) holds the per-GPU weights, in MiB, the layer split was planned with: pass it as
-    ``--tensor-split`` so llama.cpp splits the layers as planned instead of by the free memory it sees
-    at load time.
-    """
-
-    name: str
-    path: str
-    verdict: str
-    message: str
-    ctx: int | None = None
-    ctx_per_slot: int | None = None
-    ctx_tried: int | None = None
-    gpu_layers: int | None = None
-    parallel: int = 1
-    num_instance: int = 1
-    rows: tuple[DeviceRow, ...] = ()
-    need_by_gpu: FrozenMap[int, int] = attrs.field(factory=FrozenMap, converter=FrozenMap)
-    host_bytes: int = 0
-    trained_ctx: int = 0
-    cache_type_k: str = "f16"
-    cache_type_v: str = "f16"
-    tensor_split: tuple[int, ...] = ()
-
-    @property
-    def need_total_by_gpu(self) -> dict[int, int]:
-        """Bytes all ``num_instance`` replicas need together on each GPU."""
-        return {gpu: need * self.num_instance for gpu, need in self.need_by_gpu.items()}
-
-    @property
-    def ok(self) -> bool:
-        """True when the model may be loaded as planned (fits, or an operator override)."""
-        return self.verdict in ("fits", "override", "unknown-budget")
-
-
-def _gib(n: int | None) -> str:
-    return "?" if n is None else f"{n / GiB:.1f}"
 
 
 def _rows(fp: Footprint, budgets: Mapping[Device, int | None]) -> tuple[DeviceRow, ...]:
@@ -242,38 +96,6 @@ def _rows(fp: Footprint, budgets: Mapping[Device, int | None]) -> tuple[DeviceRo
         )
         for d in fp.devices
     )
-
-
-def _over(rows: Sequence[DeviceRow], replicas: int) -> list[DeviceRow]:
-    """Rows whose replicas together exceed a known budget."""
-    return [r for r in rows if r.budget is not None and r.total * replicas > r.budget]
-
-
-def _breakdown(row: DeviceRow, ctx: int) -> str:
-    parts = [f"weights {_gib(row.weights)}", f"KV at {ctx} ctx {_gib(row.kv)}"]
-    if row.recurrent:
-        parts.append(f"recurrent state {_gib(row.recurrent)}")
-    parts += [f"compute {_gib(row.compute)}", f"reserve {_gib(row.reserve)}"]
-    text = " + ".join(parts)
-    inside = [f"draft model {_gib(row.draft)}"] if row.draft else []
-    inside += [f"projector {_gib(row.projector)}"] if row.projector else []
-    return f"{text}; of which {', '.join(inside)}" if inside else text
-
-
-def _shortfall(name: str, rows: Sequence[DeviceRow], ctx: int, replicas: int) -> str:
-    """'NAME needs ~X GiB on GPU 0 (weights ... + reserve ...) but GPU 0 has Y GiB' for each device over."""
-    clauses = []
-    for row in rows:
-        if replicas > 1:
-            need = (
-                f"{replicas} replicas need ~{_gib(row.total * replicas)} GiB on {row.label} "
-                f"({_gib(row.total)} each: {_breakdown(row, ctx)})"
-            )
-        else:
-            need = f"~{_gib(row.total)} GiB on {row.label} ({_breakdown(row, ctx)})"
-            need = f"needs {need}"
-        clauses.append(f"{need} but {row.label} has {_gib(row.budget)} GiB")
-    return f"{name} " + "; ".join(clauses)
 
 
 def _plan(
@@ -342,7 +164,7 @@ def decide(
         shares = _operator_shares(inp.tensor_split, len(targets))
     replicas = inp.num_instance
     gpu_layers = None if cpu_only else inp.gpu_layers
-    settings = _settings(inp, extras, cpu_only)
+    settings = operator_settings(inp, extras, cpu_only)
     ubatch = min(inp.ubatch, inp.batch)
     # With a draft model each slot verifies 1 + n_max tokens a step, and the main model computes logits
     # for all of them.
@@ -402,7 +224,7 @@ def decide(
         return fp
 
     def fits(fp: Footprint) -> bool:
-        return not _over(_rows(fp, budgets), replicas)
+        return not over_budget(_rows(fp, budgets), replicas)
 
     def plan(verdict: str, message: str, fp: Footprint, ctx: int | None) -> ModelPlan:
         return _plan(inp, geometry, verdict, message, fp, budgets, ctx=ctx, cpu_only=cpu_only)
@@ -428,7 +250,7 @@ def decide(
                 "and no [devices.N] memory_mib is declared: every layer is offloaded "
                 f"and ctx is {ctx} ({'as configured' if inp.ctx is not None else 'ctx_default'}); "
                 "predicted need: "
-                + "; ".join(f"{r.label} ~{_gib(r.total)} GiB" for r in _rows(fp, budgets))
+                + "; ".join(f"{r.label} ~{gib(r.total)} GiB" for r in _rows(fp, budgets))
                 + ". Declare the GPU's memory to plan against it."
             )
             return plan("unknown-budget", msg, fp, ctx)
@@ -436,7 +258,7 @@ def decide(
         override = bool(settings)
         if inp.ctx is not None:
             fp = run(inp.ctx)
-            message = _override_message(inp, settings, _rows(fp, budgets), inp.ctx, replicas)
+            message = override_message(inp, settings, _rows(fp, budgets), inp.ctx, replicas)
             return plan("override", message, fp, inp.ctx)
 
         # The largest candidate context between the floor and the trained context whose footprint fits.
@@ -444,11 +266,11 @@ def decide(
         if not fits(fp_floor):
             ctx = lo * step
             if override:
-                message = _override_message(inp, settings, _rows(fp_floor, budgets), ctx, replicas)
+                message = override_message(inp, settings, _rows(fp_floor, budgets), ctx, replicas)
                 return plan("override", message, fp_floor, ctx)
-            rows = _over(_rows(fp_floor, budgets), replicas)
+            rows = over_budget(_rows(fp_floor, budgets), replicas)
             msg = (
-                _shortfall(inp.name, rows, ctx, replicas)
+                shortfall(inp.name, rows, ctx, replicas)
                 + ": choose a smaller quant or context, or free "
                 + ("memory" if cpu_only else "VRAM")
             )
@@ -463,7 +285,7 @@ def decide(
                 hi = mid - 1
         ctx = best * step
         where = ", ".join(
-            f"{r.label} {_gib(r.total * replicas)}/{_gib(r.budget)} GiB" for r in _rows(best_fp, budgets)
+            f"{r.label} {gib(r.total * replicas)}/{gib(r.budget)} GiB" for r in _rows(best_fp, budgets)
         )
         note = f"{inp.name}: {ctx} ctx ({best * 256} per slot) fits: {where}"
         if replicas > 1:
@@ -480,68 +302,12 @@ def _operator_shares(split: Sequence[float], n: int) -> list[float]:
     return [max(0.0, float(v)) for v in split[:n]] + [0.0] * max(0, n - len(split))
 
 
-def _size(n: int) -> str:
-    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / MiB:.1f} MiB"
-
-
-def _settings(inp: PlacementInput, extras: Extras, cpu_only: bool) -> list[str]:
-    """The operator's settings that make a verdict "override", each saying what it moved to the host.
-
-    A model that runs on the CPU alone moves nothing: only its ``ctx`` counts there.
-    """
-    given = [f"ctx={inp.ctx}"] if inp.ctx is not None else []
-    if cpu_only:
-        return given
-    if inp.gpu_layers is not None:
-        given.append(f"gpu_layers={inp.gpu_layers}")
-    if inp.host_patterns:
-        given.append(_moved(inp.host_flags, extras.host, "weights"))
-    if not inp.kv_offload:
-        given.append("--no-kv-offload (the KV cache and recurrent state in host memory)")
-    if inp.mmproj is not None and not inp.mmproj_offload:
-        weights = extras.projector.weights if extras.projector is not None else 0
-        given.append(f"--no-mmproj-offload (the projector's {_size(weights)} in host memory)")
-    draft = inp.draft
-    if draft is not None and extras.draft is not None:
-        slots = extras.draft.n_layer + 1
-        if draft.gpu_layers is not None and draft.gpu_layers < slots:
-            on_cpu = slots - max(draft.gpu_layers, 0)
-            given.append(f"gpu-layers-draft={draft.gpu_layers} ({on_cpu} of {slots} draft layers on the CPU)")
-        if draft.host_patterns:
-            given.append(_moved(draft.host_flags, extras.draft_host, "draft weights"))
-    return given
-
-
-def _moved(flags: Sequence[str], host: HostTensors | None, what: str) -> str:
-    text = " ".join(flags) or "tensor overrides"
-    if host is None or not host.count:
-        return f"{text} (matches no tensor: nothing moved)"
-    return f"{text} (keeps {host.count} tensors, {_size(host.total)} of {what}, in host memory)"
-
-
 def _unsupported(inp: PlacementInput) -> ModelPlan:
     message = (
         f"{inp.name}: placement cannot predict the memory of " + "; ".join(inp.unsupported) + ". Remove the "
         "flag (or set it to false in the model's table to drop a [defaults] one) to have the model placed"
     )
     return _without_prediction(inp, "refused", message)
-
-
-def _override_message(
-    inp: PlacementInput, given: Sequence[str], rows: Sequence[DeviceRow], ctx: int, replicas: int
-) -> str:
-    over = _over(rows, replicas)
-    head = f"{inp.name}: operator setting {', '.join(given)} used as given"
-    if not over:
-        return head + "; predicted: " + "; ".join(f"{r.label} ~{_gib(r.total)} GiB" for r in rows)
-    sums = "; ".join(
-        f"predicted {_gib(r.total * replicas)} GiB over budget {_gib(r.budget)} GiB on {r.label}"
-        for r in over
-    )
-    return (
-        f"{head}; override: {sums} ({_shortfall(inp.name, over, ctx, replicas)}). It loads anyway and "
-        "takes the whole GPU; only a real out-of-memory at load fails it"
-    )
 
 
 def _error(inp: PlacementInput, reason: str) -> ModelPlan:

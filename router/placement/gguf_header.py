@@ -28,7 +28,7 @@ import re
 import struct
 import sys
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -468,9 +468,3 @@ def read_header(path: str | os.PathLike[str], *, max_array: int = MAX_ARRAY_DEFA
     if isinstance(expected, int) and expected != len(tensors):
         raise GGUFError(f"{p}: split.tensors.count is {expected} but the shards hold {len(tensors)} tensors")
     return attrs.evolve(lead, paths=paths, tensors=tensors)
-
-
-def iter_tensor_bytes(header: GGUFHeader) -> Iterator[tuple[str, int]]:
-    """(name, bytes) for every tensor, in file order."""
-    for t in header.tensors:
-        yield t.name, t.n_bytes

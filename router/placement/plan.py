@@ -10,8 +10,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from router.placement.budgets import DeviceBudget
-from router.placement.fit import Device, ModelPlan, PlacementInput, plan_model
+from router.placement.fit import plan_model
 from router.placement.footprint import CPU, DEFAULT_RESERVE
+from router.placement.model_plan import Device, ModelPlan, PlacementInput
 
 __all__ = ["PLAN_VERSION", "format_plan_table", "plan_document", "plan_models"]
 

@@ -28,7 +28,8 @@ import attrs
 import pytest
 
 from router.cli.tinymodel import TinyShape
-from router.placement.footprint import CPU, estimate, geometry_from_header
+from router.placement.footprint import CPU, estimate
+from router.placement.geometry import geometry_from_header
 from router.placement.gguf_header import read_header
 from tests.support.realenv import require_llama_server, running_llama_server, tiny_model
 

@@ -109,28 +109,13 @@ def fast_sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimRun]:
 # Loading, health and process faults
 
 
-FIT_OFF = ("--fit", "off", "--foo")
-
-
 def test_health_is_503_while_loading_then_200(tmp_path: Path) -> None:
     model = write_sim_model(tmp_path, "slow", load_delay=0.6)
     port = free_port()
     started = time.monotonic()
     with (tmp_path / "log").open("wb") as log_file:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.support.simserver",
-                "--port",
-                str(port),
-                "-m",
-                str(model),
-                *FIT_OFF,
-            ],
-            stderr=log_file,
-            cwd=REPO,
-        )
+        command = [sys.executable, "-m", "tests.support.simserver", "--port", str(port), "-m", str(model)]
+        proc = subprocess.Popen([*command, "--fit", "off", "--foo"], stderr=log_file, cwd=REPO)
     try:
         listening_after = wait_listening(port, proc=proc)
         url = f"http://127.0.0.1:{port}"

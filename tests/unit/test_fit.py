@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 
 from router.placement.budgets import DeviceBudget, budget_bytes, gather_budgets, host_budget
-from router.placement.fit import ModelPlan, PlacementInput, decide, plan_model
-from router.placement.footprint import CPU, estimate, geometry_from_header
+from router.placement.fit import decide, plan_model
+from router.placement.footprint import CPU, estimate
+from router.placement.geometry import geometry_from_header
 from router.placement.gguf_header import read_header
+from router.placement.model_plan import ModelPlan, PlacementInput
 from router.placement.plan import format_plan_table, plan_document, plan_models
 from router.placement.synthetic import SyntheticModel, write_header_only
 

@@ -1,7 +1,7 @@
 """Footprint arithmetic on synthetic headers: KV layouts, sliding windows, recurrent state, weights, splits.
 
-Expected values are worked out by hand from llama.cpp's rules (see router/placement/footprint.py), not
-recomputed with the module's own helpers.
+Expected values are worked out by hand from llama.cpp's rules (see router/placement/geometry.py,
+kv_layout.py and footprint.py), not recomputed with the modules' own helpers.
 """
 
 from __future__ import annotations
@@ -10,18 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from router.placement.footprint import (
-    CACHE_TYPES,
-    CPU,
-    FootprintError,
-    ModelGeometry,
-    assign_layers,
-    context_layout,
-    estimate,
-    geometry_from_header,
-    kv_cell_bytes,
-)
+from router.placement.footprint import CPU, assign_layers, estimate
+from router.placement.geometry import FootprintError, ModelGeometry, geometry_from_header
 from router.placement.gguf_header import read_header
+from router.placement.kv_layout import CACHE_TYPES, context_layout, kv_cell_bytes
 from router.placement.synthetic import SyntheticModel, write_header_only
 
 MiB = 1 << 20

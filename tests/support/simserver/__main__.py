@@ -1,5 +1,5 @@
 import sys
 
-from tests.support.simserver.server import main
+from tests.support.simserver.main import main
 
 raise SystemExit(main(sys.argv))
