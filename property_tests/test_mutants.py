@@ -60,7 +60,7 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     "a reload keeps idle retired replicas": (
         "scheduler",
-        "            w.kill(replica, gone)\n",
+        "            w.kill(replica, gone, KillCause.RELOAD)\n",
         "            pass\n",
         ("INV-RELOAD", "INV-UNLOAD"),
     ),
