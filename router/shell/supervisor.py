@@ -93,10 +93,14 @@ class ProcessUnresponsive:
 
 @attrs.frozen
 class ProcessExited:
+    """The process is gone. ``asked``: the supervisor stopped it (a ``kill``, a load that timed out, a hung
+    replica, the supervisor's own shutdown); False when it crashed or could not start."""
+
     replica_id: int
     returncode: int | None
     during_load: bool
     reason: str
+    asked: bool
 
 
 SupervisorEvent = ProcessReady | ProcessLoadFailed | ProcessUnresponsive | ProcessExited
@@ -517,7 +521,8 @@ class Supervisor:
             self._log.info("[%s] exited (%s): %s", rep.label, _describe_returncode(returncode), reason)
         else:
             self._log.warning("[%s] %s", rep.label, reason)
-        self._emit(ProcessExited(rep.spec.replica_id, returncode, not rep.ready, reason))
+        asked = rep.stop_reason is not None
+        self._emit(ProcessExited(rep.spec.replica_id, returncode, not rep.ready, reason, asked))
 
     def _emit(self, event: SupervisorEvent) -> None:
         try:
