@@ -38,7 +38,7 @@ from tests.support.scenario import play, shutting_down, spawn
 
 # ------------------------------------------------------------------------------------------ unload and ttl
 def test_unload_drains_busy_replicas_and_force_kills_them() -> None:
-    # checks: INV-UNLOAD INV-KILL-IDLE
+    # checks: INV-UNLOAD INV-KILL-IDLE INV-CAUSE
     settings = Settings(models=[ModelSpec("a"), ModelSpec("b", gpus=(1,))])
     exited = "the replica of 'b' serving this request exited: killed"
     play(
@@ -143,7 +143,7 @@ def test_reload_removing_a_model_answers_its_waiters_and_drains_it() -> None:
 
 # ------------------------------------------------------------------------------------------------ shutdown
 def test_shutdown_rejects_waiters_lets_work_finish_until_the_deadline() -> None:
-    # checks: INV-SHUTDOWN LIVE-DEADLINE
+    # checks: INV-SHUTDOWN LIVE-DEADLINE INV-CAUSE
     settings = Settings(models=[ModelSpec("a"), ModelSpec("b", gpus=(1,))])
     exited = "the replica of 'a' serving this request exited: killed"
     play(
