@@ -1,9 +1,10 @@
 """INV-CAUSE: the typed cause every Spawn and Kill carries fits what the environment saw.
 
 A Spawn names the waiting request whose placement loads it (a request the model may serve), or no request
-exactly for the loads of ``Startup``. A Kill's cause names the situation it was made in; only an eviction
-carries an ``Eviction`` (its contents are INV-VICTIM's business, in world.py). The checks read the world's
-view at the moment of the command, as world.py does for the other trace properties.
+for the loads of the ``Startup`` rule (the pass after that rule may still load for waiting requests). A
+Kill's cause names the situation it was made in; only an eviction carries an ``Eviction`` (its contents are
+INV-VICTIM's business, in world.py). The checks read the world's view at the moment of the command, as
+world.py does for the other trace properties.
 """
 
 from __future__ import annotations
@@ -26,8 +27,6 @@ def spawn_problem(c: Spawn, event: Event, waiting: dict[int, list[str]]) -> str:
     load (not an overflow) to the models that may serve it."""
     if c.request is None:
         return "" if isinstance(event, Startup) else f"{c} names no request, but {event} is not Startup"
-    if isinstance(event, Startup):
-        return f"{c} names request {c.request}, but Startup loads for no request"
     if c.request not in waiting:
         return f"{c} names request {c.request}, which is not waiting (or may start no load)"
     if c.model not in waiting[c.request]:
