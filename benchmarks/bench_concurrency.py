@@ -99,15 +99,13 @@ class StatusWatcher:
 
 
 def count_events(events: list[dict[str, Any]]) -> dict[str, int]:
-    evictions = [e for e in events if e["kind"] == "stop" and str(e["reason"]).startswith("evicted")]
+    evictions = [e for e in events if e["kind"] == "stop" and e.get("cause") == "evicted"]
     return {
         "loads": sum(1 for e in events if e["kind"] == "load"),
         "ready": sum(1 for e in events if e["kind"] == "ready"),
         "evictions": len(evictions),
         "load_failures": sum(1 for e in events if e["kind"] == "load_failed"),
-        "unexpected_exits": sum(
-            1 for e in events if e["kind"] == "exited" and "stopped:" not in str(e["reason"])
-        ),
+        "unexpected_exits": sum(1 for e in events if e["kind"] == "exited" and e.get("asked") is False),
     }
 
 

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
-from statemachine import Kill, ShutdownRequested, Tick
+from statemachine import Kill, KillCause, ShutdownRequested, Tick
 from statemachine.commands import Stopped
 
 from .profiles import machine_settings
@@ -89,7 +89,9 @@ class LivenessMachine(SchedulerMachine):
             if not self.fair_round():
                 raise AssertionError(f"LIVE-DRAIN: requests wait and nothing can happen{self.replay()}")
             rounds += 1
-            expiries = sum(1 for c in self.commands[start:] if isinstance(c, Kill) and "(ttl)" in c.reason)
+            expiries = sum(
+                1 for c in self.commands[start:] if isinstance(c, Kill) and c.cause is KillCause.IDLE_TTL
+            )
             bound = drain_bound(waiting, expiries)
             if rounds > bound:
                 raise AssertionError(

@@ -60,7 +60,7 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     "a reload keeps idle retired replicas": (
         "scheduler",
-        "            w.kill(replica, gone)\n",
+        "            w.kill(replica, gone, KillCause.RELOAD)\n",
         "            pass\n",
         ("INV-RELOAD", "INV-UNLOAD"),
     ),
@@ -136,6 +136,18 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         '502, "load_failed")',
         ("INV-ANSWER",),
     ),
+    "drained replicas killed as if unloaded by request": (
+        "passes",
+        'w.kill(replica, "unloaded", KillCause.DRAINED)',
+        'w.kill(replica, "unloaded", KillCause.UNLOADED)',
+        ("INV-CAUSE",),
+    ),
+    "a spawn forgets its request": (
+        "passes",
+        "'{request.target}'\", request.rid)",
+        "'{request.target}'\", None)",
+        ("INV-CAUSE",),
+    ),
     "a refused dispatch of a removed target answered 503": (
         "recovery",
         'w.reject(request, 404, "model_not_found", message)',
@@ -192,7 +204,7 @@ def mutated(module_name: str, original: str, broken: str) -> Iterator[None]:
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_a_broken_scheduler_is_caught(name: str) -> None:
     # checks: INV-ORDER INV-LEAST-LOADED INV-KILL-IDLE INV-INDEX INV-LOAD-FAILURE INV-POOL-PRIORITY INV-RELOAD
-    # checks: INV-WAKE-EARLIEST INV-VICTIM INV-EVICT-NEED INV-LOAD-FITS INV-REPLICAS INV-ANSWER
+    # checks: INV-WAKE-EARLIEST INV-VICTIM INV-EVICT-NEED INV-LOAD-FITS INV-REPLICAS INV-ANSWER INV-CAUSE
     module_name, original, broken, ids = MUTANTS[name]
     search = settings(
         max_examples=1000,

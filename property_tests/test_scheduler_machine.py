@@ -449,5 +449,17 @@ class SchedulerMachine(RuleBasedStateMachine):
             raise AssertionError(f"INV-DETERMINISM: a replay diverged{self.replay()}")
 
 
+@invariant()
+def _inv_causes(self: SchedulerMachine) -> None:
+    """Every Spawn names the waiting request it loads for (none at Startup); every Kill's cause fits the
+    situation it was made in."""
+    # checks: INV-CAUSE
+    self.expect("INV-CAUSE")
+
+
+# Attached outside the class body, whose source seeds the derandomized searches of test_mutants.py: a check
+# added this way leaves the examples those searches draw (and so the mutants they find) as they are.
+SchedulerMachine.inv_causes = _inv_causes  # type: ignore[attr-defined]
+
 TestSchedulerMachine = SchedulerMachine.TestCase
 TestSchedulerMachine.settings = machine_settings()

@@ -9,7 +9,6 @@ are written here again, from the spec.
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 
 import attrs
@@ -20,6 +19,7 @@ from statemachine import (
     Dispatch,
     DispatchFailed,
     Event,
+    Eviction,
     Kill,
     LoadFailed,
     ModelSpec,
@@ -41,13 +41,13 @@ from statemachine import (
 )
 from statemachine.state import INFLIGHT, QUEUED
 
+from .causes import kill_problem, spawn_problem
+
 WAITING = "waiting"
 RUNNING = "running"
 ORPHANED = "orphaned"  # its replica exited during this step; a Reject must follow
 TERMINAL = ("finished", "rejected", "left", "closed")
 
-_SPAWN_FOR = re.compile(r"^request (\d+) for ")
-_EVICTED = re.compile(r"^evicted \((\w+)\) to load '(.+)' on GPU (.*)$")
 ANSWERS = {
     "queue_full": 503,
     "model_not_found": 404,
@@ -59,6 +59,13 @@ ANSWERS = {
 }
 
 Findings = dict[str, list[str]]
+
+
+def _evicts_for(command: Command | None) -> str | None:
+    """The model an eviction Kill makes room for; None for any other command."""
+    if isinstance(command, Kill) and command.eviction is not None:
+        return command.eviction.model
+    return None
 
 
 @attrs.define
@@ -462,6 +469,14 @@ class _Step:
 
     def spawn(self, c: Spawn) -> None:
         w = self.w
+        loaders = {
+            r.rid: eligible(self.s, r.target, r.tokens)
+            for r in w.waiting()
+            if not (r is self.arrival and self.arrival_over_limit)
+        }
+        problem = spawn_problem(c, self.event, loaders)
+        if problem:
+            self.fail("INV-CAUSE", problem)
         spec = self.s.models.get(c.model)
         if c.replica in w.spawned_ids:
             self.fail("INV-IDS", f"replica id {c.replica} spawned twice")
@@ -482,9 +497,8 @@ class _Step:
             budget = self.s.budget(gpu)
             if budget is not None and w.used(gpu) > budget:
                 self.fail("INV-BUDGET", f"{c} makes GPU {gpu} use {w.used(gpu)} of {budget} bytes")
-        match = _SPAWN_FOR.match(c.reason)
-        if match:
-            self.spawns.append((int(match.group(1)), c.model))
+        if c.request is not None:
+            self.spawns.append((c.request, c.model))
 
     def kill(self, c: Kill) -> None:
         w = self.w
@@ -492,34 +506,44 @@ class _Step:
         if replica is None or replica.killed or replica.model != c.model:
             self.fail("INV-KILL-IDLE", f"{c} names no live replica of {c.model}")
             return
-        evicted = _EVICTED.match(c.reason)
-        if evicted:
-            self.eviction(c, evicted.group(1), evicted.group(2), evicted.group(3))
+        if c.eviction is not None:
+            self.eviction(c, c.eviction)
+        due = w.shutting_down and w.deadline is not None and w.now >= w.deadline
+        problem = kill_problem(
+            c,
+            self.event,
+            busy=bool(replica.inflight),
+            draining=replica.draining,
+            retired=replica.retired,
+            ttl_due=self.ttl_due(replica.model),
+            shutting_down=w.shutting_down,
+            deadline_due=due,
+        )
+        if problem:
+            self.fail("INV-CAUSE", problem)
         if replica.inflight:
             forced = isinstance(self.event, UnloadRequested) and self.event.force
-            due = w.shutting_down and w.deadline is not None and w.now >= w.deadline
             if not (forced or due or replica.hung):
                 self.fail("INV-KILL-IDLE", f"{c} while requests {sorted(replica.inflight)} are in flight")
         if self.kill_expected == c.replica:
             self.kill_expected = None
         replica.killed = True
 
-    def eviction(self, c: Kill, policy: str, model: str, where: str) -> None:
+    def eviction(self, c: Kill, eviction: Eviction) -> None:
         """INV-EVICT-NEED, INV-VICTIM: at the first Kill of a run of evictions for one model, work out from
         the world's view which replicas should go now, and compare with the whole run."""
+        model = eviction.model
         previous = self.commands[self.position - 1] if self.position else None
-        if isinstance(previous, Kill):
-            same = _EVICTED.match(previous.reason)
-            if same and same.group(2) == model:
-                return  # checked with the first Kill of its run
+        if _evicts_for(previous) == model:
+            return  # checked with the first Kill of its run
         run: list[int] = []
         for command in self.commands[self.position :]:
-            match = _EVICTED.match(command.reason) if isinstance(command, Kill) else None
-            if match is None or match.group(2) != model:
+            if not isinstance(command, Kill) or _evicts_for(command) != model:
                 break
             run.append(command.replica)
         spec = self.s.models.get(model)
-        if spec is None or policy != self.s.policy.eviction or where != ", ".join(map(str, spec.gpus)):
+        where = ", ".join(map(str, eviction.gpus))
+        if spec is None or eviction.policy != self.s.policy.eviction or eviction.gpus != spec.gpus:
             self.fail("INV-VICTIM", f"{c} names the wrong policy, model or GPUs")
             return
         expectations = self.expected_evictions(spec)
@@ -847,6 +871,16 @@ class _Step:
                 "INV-EVICT-NEED",
                 f"request {q.rid} needs room for {spec.name}: {victims} {idle} were not evicted",
             )
+
+    def ttl_due(self, model: str) -> bool:
+        """The model's idle time has run out: a ttl, not pinned, all its replicas idle, nothing queued."""
+        w, spec = self.w, self.s.models.get(model)
+        if spec is None or spec.ttl is None or spec.pinned:
+            return False
+        replicas = [r for r in w.of_model(model) if not r.killed]
+        if any(r.inflight or r.loading for r in replicas) or w.has_queued(model):
+            return False
+        return max(w.loaded_at.get(model, w.now), w.last_used.get(model, float("-inf"))) + spec.ttl <= w.now
 
     def ttl_wakes(self) -> list[float]:
         """When each idle model with a ttl expires (none loading, none in flight, nothing queued for it)."""

@@ -4,7 +4,17 @@ No I/O, no clock, no randomness: time arrives as ``Tick`` events and the schedul
 with ``WakeAt``. See spec/scheduler.md for the rules and invariants.
 """
 
-from .commands import Command, Dispatch, Kill, Reject, Spawn, Stopped, WakeAt
+from .commands import (
+    Command,
+    Dispatch,
+    Eviction,
+    Kill,
+    KillCause,
+    Reject,
+    Spawn,
+    Stopped,
+    WakeAt,
+)
 from .errors import IllegalEvent
 from .events import (
     ClientGone,
@@ -43,9 +53,11 @@ __all__ = [
     "Dispatch",
     "DispatchFailed",
     "Event",
+    "Eviction",
     "IllegalEvent",
     "InvariantViolation",
     "Kill",
+    "KillCause",
     "LoadFailed",
     "ModelSpec",
     "ModelState",

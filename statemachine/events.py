@@ -33,14 +33,15 @@ class RequestArrived:
 
 @attrs.frozen
 class ClientGone:
-    """The client of ``rid`` disconnected."""
+    """The client of ``rid`` disconnected. For a request in flight the shell reports it only once it has
+    closed the upstream exchange, so the slot is free."""
 
     rid: int
 
 
 @attrs.frozen
 class RequestFinished:
-    """The upstream exchange of ``rid`` is over (completed, failed, or closed after CancelUpstream)."""
+    """The upstream exchange of ``rid`` is over (completed or failed)."""
 
     rid: int
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 
-from .commands import Stopped, WakeAt
+from .commands import Eviction, KillCause, Stopped, WakeAt
 from .queries import serving_models
 from .settings import ModelSpec
 from .state import LOADING, STOPPING, Request
@@ -109,7 +109,7 @@ def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wa
     gpus = set(to_load.gpus)
     if not (blocked & gpus) and all(w.fits(to_load, g, count, set(), count_stopping=True) for g in gpus):
         for _ in range(count):
-            w.spawn(to_load, f"request {request.rid} for '{request.target}'")
+            w.spawn(to_load, f"request {request.rid} for '{request.target}'", request.rid)
         return
     if not claiming:
         wake.append(due)
@@ -125,10 +125,12 @@ def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wa
     busy = [v for v in victims if w.has_queued(v) or any(r.inflight for r in w.replicas_of(v))]
     if claiming or not busy:
         where = ", ".join(str(g) for g in to_load.gpus)
+        reason = f"evicted ({w.policy.eviction}) to load '{to_load.name}' on GPU {where}"
+        eviction = Eviction(to_load.name, to_load.gpus, w.policy.eviction)
         for victim in victims:
             for replica in w.replicas_of(victim):
                 if not replica.inflight:
-                    w.kill(replica, f"evicted ({w.policy.eviction}) to load '{to_load.name}' on GPU {where}")
+                    w.kill(replica, reason, KillCause.EVICTED, eviction)
 
 
 def _all_busy(w: Work, names: list[str]) -> bool:
@@ -245,7 +247,7 @@ def fail_waiters(w: Work, model: str, reason: str, status: int, code: str) -> No
 def _reap_drained(w: Work) -> None:
     for replica in list(w.replicas.values()):
         if replica.draining and replica.phase != STOPPING and not replica.inflight:
-            w.kill(replica, "unloaded")
+            w.kill(replica, "unloaded", KillCause.DRAINED)
 
 
 def _expire_idle(w: Work, wake: list[float]) -> None:
@@ -258,7 +260,7 @@ def _expire_idle(w: Work, wake: list[float]) -> None:
         due = _idle_since(w, spec.name) + spec.ttl
         if due <= w.now:
             for replica in replicas:
-                w.kill(replica, f"idle for {spec.ttl:g} s (ttl)")
+                w.kill(replica, f"idle for {spec.ttl:g} s (ttl)", KillCause.IDLE_TTL)
         else:
             wake.append(due)
 
@@ -277,9 +279,9 @@ def _shutdown_progress(w: Work) -> None:
         if replica.phase == STOPPING:
             continue
         if not replica.inflight:
-            w.kill(replica, "router shutting down")
+            w.kill(replica, "router shutting down", KillCause.SHUTDOWN)
         elif due:
-            w.kill(replica, "router shutdown deadline reached")
+            w.kill(replica, "router shutdown deadline reached", KillCause.DEADLINE)
     if not w.replicas and not w.stopped:
         w.stopped = True
         w.cmds.append(Stopped())

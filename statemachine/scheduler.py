@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from .commands import Command, Kill, Reject
+from .commands import Command, Kill, KillCause, Reject
 from .errors import IllegalEvent
 from .events import (
     ClientGone,
@@ -75,7 +75,7 @@ def _startup(w: Work, e: Startup) -> None:
         missing = spec.replicas - len(w.live_replicas(spec.name))
         if missing > 0 and all(w.fits(spec, g, missing, set(), count_stopping=True) for g in spec.gpus):
             for _ in range(missing):
-                w.spawn(spec, "load on startup")
+                w.spawn(spec, "load on startup", None)
 
 
 def _arrived(w: Work, e: RequestArrived) -> None:
@@ -155,7 +155,7 @@ def _load_failed(w: Work, e: LoadFailed) -> None:
     if replica is None or replica.phase != LOADING:
         raise IllegalEvent(f"LoadFailed for replica {e.replica}, which is not loading")
     w.put(attrs.evolve(replica, phase=STOPPING))
-    w.cmds.append(Kill(replica.id, replica.model, f"load failed: {e.reason}"))
+    w.cmds.append(Kill(replica.id, replica.model, f"load failed: {e.reason}", KillCause.LOAD_FAILED))
     _after_load_failure(w, replica.model, e.reason)
 
 
@@ -171,7 +171,7 @@ def _unresponsive(w: Work, e: ReplicaUnresponsive) -> None:
         return  # already going: the report is moot
     if replica.phase != READY:
         raise IllegalEvent(f"ReplicaUnresponsive for replica {e.replica}, which is still loading")
-    w.kill(replica, f"not responding: {e.reason}")
+    w.kill(replica, f"not responding: {e.reason}", KillCause.UNRESPONSIVE)
 
 
 def _exited(w: Work, e: ReplicaExited) -> None:
@@ -194,7 +194,8 @@ def _unload(w: Work, e: UnloadRequested) -> None:
         if replica.phase == STOPPING or (e.model is not None and replica.model != e.model):
             continue
         if e.force or not replica.inflight:
-            w.kill(replica, "unload requested" + (" (forced)" if replica.inflight else ""))
+            reason = "unload requested" + (" (forced)" if replica.inflight else "")
+            w.kill(replica, reason, KillCause.UNLOADED)
         else:
             w.put(attrs.evolve(replica, draining=True))
 
@@ -223,7 +224,7 @@ def _settings_changed(w: Work, e: SettingsChanged) -> None:
             w.put(attrs.evolve(replica, draining=True))
         else:
             gone = "removed from the configuration" if replica.model in removed else "configuration changed"
-            w.kill(replica, gone)
+            w.kill(replica, gone, KillCause.RELOAD)
     for request in sorted((r for r in w.state.requests.values() if r.phase == QUEUED), key=lambda r: r.seq):
         if request.target not in new.models and request.target not in new.pools:
             message = f"'{request.target}' was removed from the configuration while this request waited"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import attrs
 from pyrsistent import pmap
 
-from .commands import Command, Dispatch, Kill, Reject, Spawn
+from .commands import Command, Dispatch, Eviction, Kill, KillCause, Reject, Spawn
 from .fifo import Fifo
 from .settings import ModelSpec
 from .state import (
@@ -198,7 +198,7 @@ class Work:
         self.replicas[replica.id] = replica
         self.touched(replica.model)
 
-    def spawn(self, model: ModelSpec, reason: str) -> None:
+    def spawn(self, model: ModelSpec, reason: str, request: int | None) -> None:
         rid = self.next_replica
         self.next_replica += 1
         self.replicas[rid] = Replica(
@@ -208,14 +208,14 @@ class Work:
         self.touched(model.name)
         if model.name not in self.loaded_at:
             self.loaded_at[model.name] = self.now
-        self.cmds.append(Spawn(rid, model.name, model.gpus, reason))
+        self.cmds.append(Spawn(rid, model.name, model.gpus, reason, request))
 
-    def kill(self, replica: Replica, reason: str) -> None:
+    def kill(self, replica: Replica, reason: str, cause: KillCause, eviction: Eviction | None = None) -> None:
         if replica.phase == STOPPING:
             return
         self.replicas[replica.id] = attrs.evolve(replica, phase=STOPPING, forced=bool(replica.inflight))
         self.touched(replica.model)
-        self.cmds.append(Kill(replica.id, replica.model, reason))
+        self.cmds.append(Kill(replica.id, replica.model, reason, cause, eviction))
 
     def drop_replica(self, replica: Replica) -> None:
         del self.replicas[replica.id]

@@ -13,6 +13,7 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import attrs
 import httpx
 import trio
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -24,7 +25,7 @@ from router.journal.history import History
 from router.journal.records import RequestRecord
 from router.observe.gpu_sampler import GpuSampler
 from router.shell.runtime import Router
-from statemachine import ReplicaPhase, replica_state
+from statemachine import KillCause, ReplicaPhase, replica_state
 
 log = logging.getLogger("router")
 
@@ -37,20 +38,124 @@ TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 LOAD_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 
-def stop_reason_kind(reason: str) -> str:
-    """A short, bounded label for why a replica was stopped (the scheduler's reasons are free text)."""
-    text = reason.lower()
-    for prefix, kind in (
-        ("evicted", "evicted"),
-        ("idle", "ttl"),
-        ("unload", "unload"),
-        ("router shutting down", "shutdown"),
-        ("router shutdown", "shutdown"),
-        ("load failed", "load_failed"),
-    ):
-        if text.startswith(prefix):
-            return kind
-    return "other"
+STOP_LABELS: dict[KillCause, str] = {
+    KillCause.EVICTED: "evicted",
+    KillCause.IDLE_TTL: "ttl",
+    KillCause.UNLOADED: "unload",
+    KillCause.DRAINED: "unload",
+    KillCause.RELOAD: "other",
+    KillCause.LOAD_FAILED: "load_failed",
+    KillCause.UNRESPONSIVE: "other",
+    KillCause.SHUTDOWN: "shutdown",
+    KillCause.DEADLINE: "shutdown",
+}
+"""The ``reason`` label of ``llama_router_replica_stops`` for each cause: a short, bounded set."""
+
+
+def stop_label(cause: KillCause | None) -> str:
+    return STOP_LABELS[cause] if cause is not None else "other"
+
+
+@attrs.frozen
+class Declared:
+    """One counter or histogram of the router, fed as requests finish and replicas change."""
+
+    key: str
+    kind: type[Counter] | type[Histogram]
+    name: str
+    help: str
+    labels: tuple[str, ...]
+    buckets: tuple[float, ...] = ()
+
+
+DECLARED = (
+    Declared(
+        "requests",
+        Counter,
+        "llama_router_requests",
+        "Finished requests by model, endpoint and HTTP status (499: the client left first).",
+        ("model", "endpoint", "status"),
+    ),
+    Declared(
+        "duration",
+        Histogram,
+        "llama_router_request_duration_seconds",
+        "Time from a request's arrival to the end of its reply.",
+        ("model", "endpoint"),
+        LATENCY_BUCKETS,
+    ),
+    Declared(
+        "ttft",
+        Histogram,
+        "llama_router_time_to_first_token_seconds",
+        "Time from a streamed request's arrival to its first generated content.",
+        ("model",),
+        TTFT_BUCKETS,
+    ),
+    Declared(
+        "queue_wait",
+        Histogram,
+        "llama_router_queue_wait_seconds",
+        "Time a request waited for a slot (including any model load).",
+        ("model",),
+        TTFT_BUCKETS,
+    ),
+    Declared(
+        "prompt_tokens",
+        Counter,
+        "llama_router_prompt_tokens",
+        "Prompt tokens of finished requests.",
+        ("model",),
+    ),
+    Declared(
+        "generated_tokens",
+        Counter,
+        "llama_router_generated_tokens",
+        "Generated tokens of finished requests.",
+        ("model",),
+    ),
+    Declared(
+        "cached_tokens",
+        Counter,
+        "llama_router_cached_prompt_tokens",
+        "Prompt tokens served from the replica's prompt cache.",
+        ("model",),
+    ),
+    Declared(
+        "cache_hits",
+        Counter,
+        "llama_router_prompt_cache_hits",
+        "Requests that reused at least one cached prompt token.",
+        ("model",),
+    ),
+    Declared("loads", Counter, "llama_router_loads", "Replica loads started.", ("model",)),
+    Declared(
+        "load_failures", Counter, "llama_router_load_failures", "Replica loads that failed.", ("model",)
+    ),
+    Declared(
+        "load_duration",
+        Histogram,
+        "llama_router_load_duration_seconds",
+        "Time from starting a replica to it answering /health (outcome ready) or failing (failed).",
+        ("model", "outcome"),
+        LOAD_BUCKETS,
+    ),
+    Declared(
+        "evictions",
+        Counter,
+        "llama_router_evictions",
+        "Replicas stopped to make room for another model.",
+        ("model",),
+    ),
+    Declared(
+        "stops",
+        Counter,
+        "llama_router_replica_stops",
+        "Replicas stopped by the router, by reason (evicted, ttl, unload, shutdown, load_failed, other).",
+        ("model", "reason"),
+    ),
+)
+"""Every counter and histogram the router declares (the gauges are read at scrape time, below)."""
 
 
 class RouterMetrics:
@@ -69,75 +174,15 @@ class RouterMetrics:
         self.history = history
         self.sampler = sampler
         self.registry = CollectorRegistry(auto_describe=False)
-        r = self.registry
-        self.requests = Counter(
-            "llama_router_requests",
-            "Finished requests by model, endpoint and HTTP status (499: the client left first).",
-            ["model", "endpoint", "status"],
-            registry=r,
-        )
-        self.duration = Histogram(
-            "llama_router_request_duration_seconds",
-            "Time from a request's arrival to the end of its reply.",
-            ["model", "endpoint"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.ttft = Histogram(
-            "llama_router_time_to_first_token_seconds",
-            "Time from a streamed request's arrival to its first generated content.",
-            ["model"],
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
-        self.queue_wait = Histogram(
-            "llama_router_queue_wait_seconds",
-            "Time a request waited for a slot (including any model load).",
-            ["model"],
-            buckets=TTFT_BUCKETS,
-            registry=r,
-        )
-        self.prompt_tokens = Counter(
-            "llama_router_prompt_tokens", "Prompt tokens of finished requests.", ["model"], registry=r
-        )
-        self.generated_tokens = Counter(
-            "llama_router_generated_tokens", "Generated tokens of finished requests.", ["model"], registry=r
-        )
-        self.cached_tokens = Counter(
-            "llama_router_cached_prompt_tokens",
-            "Prompt tokens served from the replica's prompt cache.",
-            ["model"],
-            registry=r,
-        )
-        self.cache_hits = Counter(
-            "llama_router_prompt_cache_hits",
-            "Requests that reused at least one cached prompt token.",
-            ["model"],
-            registry=r,
-        )
-        self.loads = Counter("llama_router_loads", "Replica loads started.", ["model"], registry=r)
-        self.load_failures = Counter(
-            "llama_router_load_failures", "Replica loads that failed.", ["model"], registry=r
-        )
-        self.load_duration = Histogram(
-            "llama_router_load_duration_seconds",
-            "Time from starting a replica to it answering /health (outcome ready) or failing (failed).",
-            ["model", "outcome"],
-            buckets=LOAD_BUCKETS,
-            registry=r,
-        )
-        self.evictions = Counter(
-            "llama_router_evictions",
-            "Replicas stopped to make room for another model.",
-            ["model"],
-            registry=r,
-        )
-        self.stops = Counter(
-            "llama_router_replica_stops",
-            "Replicas stopped by the router, by reason (evicted, ttl, unload, shutdown, load_failed, other).",
-            ["model", "reason"],
-            registry=r,
-        )
+        self.counters: dict[str, Counter] = {}
+        self.histograms: dict[str, Histogram] = {}
+        for d in DECLARED:
+            if d.kind is Histogram:
+                self.histograms[d.key] = Histogram(
+                    d.name, d.help, d.labels, buckets=d.buckets, registry=self.registry
+                )
+            else:
+                self.counters[d.key] = Counter(d.name, d.help, d.labels, registry=self.registry)
         self._loading: dict[int, float] = {}
         self._replica_families: list[Metric] = []
         self.registry.register(_StateCollector(self))
@@ -147,41 +192,43 @@ class RouterMetrics:
     # -------------------------------------------------------------------------------------- feeding
     def observe(self, record: RequestRecord) -> None:
         model = record.metric_model
-        self.requests.labels(model, record.endpoint, str(record.status)).inc()
-        self.duration.labels(model, record.endpoint).observe(record.duration)
+        count, hist = self.counters, self.histograms
+        count["requests"].labels(model, record.endpoint, str(record.status)).inc()
+        hist["duration"].labels(model, record.endpoint).observe(record.duration)
         if record.ttft is not None:
-            self.ttft.labels(model).observe(record.ttft)
+            hist["ttft"].labels(model).observe(record.ttft)
         if record.queue_wait is not None:
-            self.queue_wait.labels(model).observe(record.queue_wait)
+            hist["queue_wait"].labels(model).observe(record.queue_wait)
         if record.prompt_tokens:
-            self.prompt_tokens.labels(model).inc(record.prompt_tokens)
+            count["prompt_tokens"].labels(model).inc(record.prompt_tokens)
         if record.generated_tokens:
-            self.generated_tokens.labels(model).inc(record.generated_tokens)
+            count["generated_tokens"].labels(model).inc(record.generated_tokens)
         if record.cached_tokens:
-            self.cached_tokens.labels(model).inc(record.cached_tokens)
-            self.cache_hits.labels(model).inc()
+            count["cached_tokens"].labels(model).inc(record.cached_tokens)
+            count["cache_hits"].labels(model).inc()
 
     def on_happening(self, kind: str, data: dict[str, Any]) -> None:
         model = str(data.get("model", ""))
         replica = int(data.get("replica", 0))
         at = float(data.get("at", 0.0))
+        count, hist = self.counters, self.histograms
         if kind == "load":
-            self.loads.labels(model).inc()
+            count["loads"].labels(model).inc()
             self._loading[replica] = at
         elif kind == "ready":
             started = self._loading.pop(replica, None)
             if started is not None:
-                self.load_duration.labels(model, "ready").observe(max(0.0, at - started))
+                hist["load_duration"].labels(model, "ready").observe(max(0.0, at - started))
         elif kind == "load_failed":
             started = self._loading.pop(replica, None)
             if started is not None:
-                self.load_failures.labels(model).inc()
-                self.load_duration.labels(model, "failed").observe(max(0.0, at - started))
+                count["load_failures"].labels(model).inc()
+                hist["load_duration"].labels(model, "failed").observe(max(0.0, at - started))
         elif kind == "stop":
-            reason = stop_reason_kind(str(data.get("reason", "")))
-            self.stops.labels(model, reason).inc()
-            if reason == "evicted":
-                self.evictions.labels(model).inc()
+            cause = data.get("cause")
+            count["stops"].labels(model, stop_label(cause)).inc()
+            if cause is KillCause.EVICTED:
+                count["evictions"].labels(model).inc()
         elif kind == "exited":
             self._loading.pop(replica, None)
 

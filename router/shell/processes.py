@@ -75,10 +75,14 @@ class ProcessUnresponsive:
 
 @attrs.frozen
 class ProcessExited:
+    """The process is gone. ``asked``: the supervisor stopped it (a ``kill``, a load that timed out, a hung
+    replica, the supervisor's own shutdown); False when it crashed or could not start."""
+
     replica_id: int
     returncode: int | None
     during_load: bool
     reason: str
+    asked: bool
 
 
 SupervisorEvent = ProcessReady | ProcessLoadFailed | ProcessUnresponsive | ProcessExited

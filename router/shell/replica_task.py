@@ -279,7 +279,8 @@ class ReplicaTask:
             self.logger.info("[%s] exited (%s): %s", self.label, describe_returncode(returncode), reason)
         else:
             self.logger.warning("[%s] %s", self.label, reason)
-        self._emit(ProcessExited(self.spec.replica_id, returncode, not self.ready, reason))
+        asked = self.stop_reason is not None
+        self._emit(ProcessExited(self.spec.replica_id, returncode, not self.ready, reason, asked))
 
     def _emit(self, event: SupervisorEvent) -> None:
         try:

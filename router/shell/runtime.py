@@ -47,6 +47,7 @@ from statemachine import (
     Event,
     IllegalEvent,
     Kill,
+    KillCause,
     LoadFailed,
     Reject,
     ReplicaExited,
@@ -75,13 +76,18 @@ log = logging.getLogger("router")
 
 @attrs.frozen
 class Happening:
-    """A load, eviction or failure, kept for /status and the dashboard."""
+    """A load, eviction or failure, kept for /status and the dashboard. ``reason`` is for people to read;
+    programs read ``cause``, the scheduler's ``KillCause`` of a ``stop``, and ``asked``, on an ``exited`` or
+    ``load_failed`` that reports a process's end, whether the router stopped it (None where they do not
+    apply)."""
 
     at: float
     kind: str
     model: str
     replica: int
     reason: str
+    cause: KillCause | None = None
+    asked: bool | None = None
 
 
 Listener = Callable[[str, dict[str, Any]], None]
@@ -280,8 +286,8 @@ class Router:
                     self._forget(rid)
             case Spawn():
                 self._spawn(command)
-            case Kill(replica=replica, model=model, reason=reason):
-                self._note("stop", model, replica, reason)
+            case Kill(replica=replica, model=model, reason=reason, cause=cause):
+                self._note("stop", model, replica, reason, cause)
                 self.supervisor.kill(replica, reason)
             case WakeAt(at=at):
                 self._wake_at = at
@@ -359,9 +365,9 @@ class Router:
             case ProcessUnresponsive(replica_id=replica, reason=reason):
                 self._note("unresponsive", self._model_of(replica), replica, reason)
                 self.submit(ReplicaUnresponsive(replica, reason))
-            case ProcessExited(replica_id=replica, reason=reason, during_load=during_load):
-                kind = "load_failed" if during_load and "stopped:" not in reason else "exited"
-                self._note(kind, self._model_of(replica), replica, reason)
+            case ProcessExited(replica_id=replica, reason=reason, during_load=during_load, asked=asked):
+                kind = "load_failed" if during_load and not asked else "exited"
+                self._note(kind, self._model_of(replica), replica, reason, asked=asked)
                 self.ports.pop(replica, None)
                 self.submit(ReplicaExited(replica, reason))
 
@@ -372,8 +378,17 @@ class Router:
         info = self.supervisor.info(replica)
         return info.model if info is not None else "?"
 
-    def _note(self, kind: str, model: str, replica: int, reason: str) -> None:
-        happening = Happening(time.time(), kind, model, replica, reason)
+    def _note(
+        self,
+        kind: str,
+        model: str,
+        replica: int,
+        reason: str,
+        cause: KillCause | None = None,
+        *,
+        asked: bool | None = None,
+    ) -> None:
+        happening = Happening(time.time(), kind, model, replica, reason, cause, asked)
         self.happenings.append(happening)
         level = logging.WARNING if kind in ("load_failed", "unresponsive") else logging.INFO
         log.log(level, "%s %s (replica %d): %s", kind, model, replica, reason)

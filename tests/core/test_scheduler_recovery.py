@@ -9,6 +9,7 @@ from statemachine import (
     DispatchFailed,
     IllegalEvent,
     Kill,
+    KillCause,
     ModelSpec,
     ReplicaExited,
     ReplicaReady,
@@ -36,7 +37,10 @@ def test_the_request_waits_again_ahead_of_later_ones_and_the_replica_takes_no_mo
     state, commands = step(state, DispatchFailed(1, "connection refused"))
     check(state)
     # The refusing replica takes no more work and, idle now, is stopped; a fresh one loads at once.
-    assert commands == (Spawn(2, "a", (0,), "request 1 for 'a'"), Kill(1, "a", "unloaded"))
+    assert commands == (
+        Spawn(2, "a", (0,), "request 1 for 'a'", 1),
+        Kill(1, "a", "unloaded", KillCause.DRAINED),
+    )
     assert [r.rid for r in state.queued()] == [1, 2]
     state, commands = step(state, ReplicaReady(2))
     check(state)

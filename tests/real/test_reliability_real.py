@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 
+from statemachine import KillCause
 from tests.support.harness import RouterHandle, SseEvent, pid_alive, post_chat, stream, wait_pid_gone
 from tests.support.realharness import long_body, real_router, real_router_process
 
@@ -64,7 +65,7 @@ async def test_soak_with_swaps_and_drops_loses_nothing_and_leaks_no_descriptors(
         fds_before = await round()
         todo = iter(plan[40:])
         fds_after = await round()
-        swaps = [x for x in h.router.happenings if x.kind == "stop" and "evicted" in x.reason]
+        swaps = [x for x in h.router.happenings if x.kind == "stop" and x.cause is KillCause.EVICTED]
     print(f"soak: {len(outcomes)} answered, {len(swaps)} swaps, descriptors {fds_before} -> {fds_after}")
     assert len(outcomes) == 300
     failed = [o for o in outcomes if o[3] != 200 or not o[4]]

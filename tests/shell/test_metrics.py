@@ -16,8 +16,9 @@ from router.config.load import config_from_dict
 from router.hosts.gpu_readers import GpuReading, NvmlSource
 from router.journal.usage import UsageSniffer
 from router.observe.gpu_sampler import GpuSampler
-from router.observe.metrics import RouterMetrics, stop_reason_kind
+from router.observe.metrics import STOP_LABELS, RouterMetrics, stop_label
 from router.serve.server import build_router
+from statemachine import KillCause
 from tests.browser.test_dash_browser import gguf_router
 from tests.support.harness import chat_body, running_router, start_stream, stream
 from tests.support.simtools import sim_launcher, write_sim_model
@@ -265,10 +266,15 @@ async def test_the_sniffer_reads_the_same_usage_whatever_the_chunking(tmp_path: 
         assert saw_content == sse
 
 
-def test_stop_reasons_get_short_labels() -> None:
-    assert stop_reason_kind("evicted (lru) to load 'x' on GPU 0") == "evicted"
-    assert stop_reason_kind("idle for 300 s (ttl)") == "ttl"
-    assert stop_reason_kind("unload requested (forced)") == "unload"
-    assert stop_reason_kind("router shutting down") == "shutdown"
-    assert stop_reason_kind("load failed: out of memory") == "load_failed"
-    assert stop_reason_kind("something new") == "other"
+def test_stop_causes_get_short_labels() -> None:
+    assert stop_label(KillCause.EVICTED) == "evicted"
+    assert stop_label(KillCause.IDLE_TTL) == "ttl"
+    assert stop_label(KillCause.UNLOADED) == "unload"
+    assert stop_label(KillCause.DRAINED) == "unload"
+    assert stop_label(KillCause.SHUTDOWN) == "shutdown"
+    assert stop_label(KillCause.DEADLINE) == "shutdown"
+    assert stop_label(KillCause.LOAD_FAILED) == "load_failed"
+    assert stop_label(KillCause.RELOAD) == "other"
+    assert stop_label(KillCause.UNRESPONSIVE) == "other"
+    assert stop_label(None) == "other"
+    assert set(STOP_LABELS) == set(KillCause)

@@ -128,7 +128,7 @@ async def test_ready_after_load_delay_then_stopped(sup: tuple[Supervisor, Record
     supervisor.kill(1, "model evicted")
     _, exited = await rec.wait_for(ProcessExited, 1)
     assert any("model loaded" in line for line in supervisor.logs(1))
-    assert exited.reason == "stopped: model evicted"
+    assert exited.reason == "stopped: model evicted" and exited.asked
     assert not exited.during_load
     assert not alive(info.pid)
     assert rec.of(1) == [ProcessReady(1), exited]
@@ -161,7 +161,7 @@ async def test_oom_at_load_is_reported_with_the_oom_line(
     supervisor, rec = sup
     supervisor.spawn(sim_spec(tmp_path, 3, oom_at_load=True, load_delay=0.1))
     _, exited = await rec.wait_for(ProcessExited, 3)
-    assert exited.during_load
+    assert exited.during_load and not exited.asked
     assert exited.returncode not in (None, 0)
     assert f"exit code {exited.returncode}" in exited.reason
     oom_lines = [line for line in supervisor.logs(3) if "out of memory" in line]
@@ -192,7 +192,7 @@ async def test_health_hang_fails_load_within_timeout(
     assert "'m5'" in failed.reason
     _, exited = await rec.wait_for(ProcessExited, 5)
     assert exited.during_load
-    assert exited.reason.startswith("stopped: ")
+    assert exited.reason.startswith("stopped: ") and exited.asked
     assert [type(e) for e in rec.of(5)] == [ProcessLoadFailed, ProcessExited]
 
 
@@ -251,7 +251,7 @@ async def test_kill_right_after_spawn_never_starts_the_process(
     supervisor.spawn(sim_spec(tmp_path, 13, record_dir=records))
     supervisor.kill(13, "changed my mind")
     _, exited = await rec.wait_for(ProcessExited, 13)
-    assert exited == ProcessExited(13, None, True, "stopped: changed my mind")
+    assert exited == ProcessExited(13, None, True, "stopped: changed my mind", True)
     info = supervisor.info(13)
     assert info is not None and info.pid is None and info.exited
     await trio.sleep(0.5)
@@ -297,7 +297,7 @@ async def test_spawn_failure_names_binary_and_error(sup: tuple[Supervisor, Recor
     missing = tmp_path / "no-such-llama-server"
     supervisor.spawn(LaunchSpec(11, "ghost", (str(missing), "-m", "x.gguf"), {}, free_port(), 5.0, 1.0))
     _, exited = await rec.wait_for(ProcessExited, 11)
-    assert exited.returncode is None and exited.during_load
+    assert exited.returncode is None and exited.during_load and not exited.asked
     assert str(missing) in exited.reason and "No such file" in exited.reason
 
     not_executable = tmp_path / "plain-file"

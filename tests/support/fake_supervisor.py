@@ -164,7 +164,9 @@ class FakeSupervisor:
             phase = "after it was ready" if proc.ready else "while loading"
             how = describe_returncode(returncode)
             reason = f"llama-server for {proc.spec.model!r} exited with {how} {phase}"
-        self.report(ProcessExited(replica_id, returncode, not proc.ready, reason))
+        self.report(
+            ProcessExited(replica_id, returncode, not proc.ready, reason, proc.stop_reason is not None)
+        )
 
     def exit_killed(self) -> list[int]:
         """Every replica asked to stop exits now (as a well-behaved llama-server does on SIGTERM)."""

@@ -1,0 +1,251 @@
+"""Scheduler scenarios: refusals, limits, crashes, unresponsive replicas and failed loads.
+
+Each scenario is a list of (event, the commands ``step()`` must answer with); every intermediate state is also
+checked with ``statemachine.check``. Model ``a`` and ``b`` share GPU 0 unless said otherwise.
+"""
+
+from __future__ import annotations
+
+from statemachine import (
+    DeviceSpec,
+    Dispatch,
+    Kill,
+    KillCause,
+    LoadFailed,
+    ModelSpec,
+    Policy,
+    PoolSpec,
+    Reject,
+    ReplicaExited,
+    ReplicaReady,
+    ReplicaUnresponsive,
+    RequestArrived,
+    RequestFinished,
+    Settings,
+    Spawn,
+    Startup,
+)
+from tests.support.scenario import play, spawn
+
+
+# ------------------------------------------------------------------------------------------------ refusals
+def test_a_model_pinned_models_leave_no_room_for_is_refused_at_once() -> None:
+    settings = Settings(
+        models=[ModelSpec("big", need={0: 200}), ModelSpec("p", pinned=True), ModelSpec("b")],
+        devices=[DeviceSpec(0, 100)],
+    )
+    pinned = "pinned model(s) p hold GPU 0 (max_models_per_gpu = 1); unpin them or give '{}' other GPUs"
+    play(
+        settings,
+        [
+            (Startup(), [Spawn(1, "p", (0,), "load on startup")]),
+            (
+                RequestArrived(1, "big"),
+                [
+                    Reject(
+                        1,
+                        503,
+                        "model_unavailable",
+                        "model 'big' cannot be loaded on GPU 0: " + pinned.format("big"),
+                    )
+                ],
+            ),
+            (
+                RequestArrived(2, "b"),
+                [
+                    Reject(
+                        2,
+                        503,
+                        "model_unavailable",
+                        "model 'b' cannot be loaded on GPU 0: " + pinned.format("b"),
+                    )
+                ],
+            ),
+        ],
+    )
+
+
+def test_a_model_bigger_than_its_gpu_is_refused_at_once() -> None:
+    budget = (
+        "its memory need exceeds what the GPU budget leaves beside pinned models; "
+        "choose a smaller quant or context"
+    )
+    play(
+        Settings(models=[ModelSpec("big", need={0: 200})], devices=[DeviceSpec(0, 100)]),
+        [
+            (
+                RequestArrived(1, "big"),
+                [Reject(1, 503, "model_unavailable", f"model 'big' cannot be loaded on GPU 0: {budget}")],
+            ),
+        ],
+    )
+
+
+def test_a_second_replica_that_cannot_fit_leaves_requests_waiting_for_the_first() -> None:
+    settings = Settings(models=[ModelSpec("a", replicas=2, need={0: 60})], devices=[DeviceSpec(0, 100)])
+    play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),  # only one of the two replicas fits
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (RequestArrived(2, "a"), []),
+            (RequestFinished(1), [Dispatch(2, 1, "a")]),
+        ],
+    )
+
+
+def test_unknown_target_is_404_and_too_long_is_400_with_both_numbers() -> None:
+    # checks: INV-ADMISSION
+    settings = Settings(models=[ModelSpec("a", ctx_per_slot=4096)], pools=[PoolSpec("p", ("a",))])
+    hint = "tokens (ctx / parallel); shorten the prompt or max_tokens, or raise the model's ctx"
+
+    def too_long(rid: int, tokens: int, target: str) -> Reject:
+        message = (
+            f"the request needs {tokens} tokens but the largest per-slot context of '{target}' is 4096 {hint}"
+        )
+        return Reject(rid, 400, "context_length_exceeded", message)
+
+    play(
+        settings,
+        [
+            (
+                RequestArrived(1, "zzz"),
+                [Reject(1, 404, "model_not_found", "model 'zzz' is not served here; known models: a, p")],
+            ),
+            (RequestArrived(2, "a", tokens=5000), [too_long(2, 5000, "a")]),
+            (RequestArrived(3, "p", tokens=4097), [too_long(3, 4097, "p")]),
+            (RequestArrived(4, "a", tokens=4096), [spawn(1, "a", 4)]),
+        ],
+    )
+
+
+# -------------------------------------------------------------------------------------------------- limits
+def test_full_queue_rejects_with_503() -> None:
+    # checks: INV-LIMITS INV-ADMISSION
+    full = "the queue is full (1 requests waiting, queue_limit = 1); retry later"
+    play(
+        Settings(models=[ModelSpec("a")], policy=Policy(queue_limit=1)),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (RequestArrived(2, "a"), [Reject(2, 503, "queue_full", full)]),
+        ],
+    )
+
+
+def test_queue_limit_zero_serves_only_what_can_go_at_once() -> None:
+    # checks: INV-LIMITS INV-ADMISSION
+    full = "the queue is full (0 requests waiting, queue_limit = 0); retry later"
+    play(
+        Settings(models=[ModelSpec("a", load_on_startup=True)], policy=Policy(queue_limit=0)),
+        [
+            (RequestArrived(1, "a"), [Reject(1, 503, "queue_full", full)]),  # nothing loaded, no load started
+            (Startup(), [Spawn(1, "a", (0,), "load on startup")]),
+            (RequestArrived(2, "a"), [Reject(2, 503, "queue_full", full)]),
+            (ReplicaReady(1), []),
+            (RequestArrived(3, "a"), [Dispatch(3, 1, "a")]),
+            (RequestArrived(4, "a"), [Reject(4, 503, "queue_full", full)]),
+        ],
+    )
+
+
+def test_pool_queue_has_its_own_limit() -> None:
+    # checks: INV-LIMITS
+    busy = (
+        "every member of pool 'p' is busy and its waiting queue is full "
+        "(routing_queue_limit = 1); retry later"
+    )
+    settings = Settings(
+        models=[ModelSpec("a")], pools=[PoolSpec("p", ("a",))], policy=Policy(routing_queue_limit=1)
+    )
+    play(
+        settings,
+        [
+            (RequestArrived(1, "p"), [spawn(1, "a", 1, "p")]),
+            (RequestArrived(2, "p"), [Reject(2, 503, "queue_full", busy)]),
+            (RequestArrived(3, "a"), []),
+        ],
+    )
+
+
+# ------------------------------------------------------------------------------------------------ failures
+def test_crash_fails_in_flight_requests_and_the_next_request_reloads() -> None:
+    # checks: INV-CONSERVATION
+    exited = "the replica of 'a' serving this request exited: segfault"
+    play(
+        Settings(models=[ModelSpec("a")]),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (ReplicaExited(1, "segfault"), [Reject(1, 502, "replica_exited", exited)]),
+            (RequestArrived(2, "a"), [spawn(2, "a", 2)]),
+        ],
+    )
+
+
+def test_an_unresponsive_replica_is_killed_at_once_and_the_next_request_reloads() -> None:
+    """Killed busy; the waiting request gets a new replica; a late second report changes nothing."""
+    # checks: INV-UNRESPONSIVE
+    exited = "the replica of 'a' serving this request exited: killed"
+    play(
+        Settings(models=[ModelSpec("a")]),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (RequestArrived(2, "a"), []),
+            (
+                ReplicaUnresponsive(1, "no answer to /health for 30 s"),
+                [
+                    Kill(1, "a", "not responding: no answer to /health for 30 s", KillCause.UNRESPONSIVE),
+                    spawn(2, "a", 2),
+                ],
+            ),
+            (ReplicaUnresponsive(1, "no answer to /health for 40 s"), []),
+            (ReplicaExited(1, "killed"), [Reject(1, 502, "replica_exited", exited)]),
+            (ReplicaReady(2), [Dispatch(2, 2, "a")]),
+        ],
+    )
+
+
+def test_load_failure_rejects_the_waiters_of_that_model_at_once() -> None:
+    """Requests only a can serve fail with the reason; the pool request b can serve keeps waiting."""
+    # checks: INV-LOAD-FAILURE
+    settings = Settings(
+        models=[ModelSpec("a"), ModelSpec("b")],
+        pools=[PoolSpec("p", ("a", "b"), fallback=True)],
+        policy=Policy(max_models_per_gpu=2),
+    )
+    failed = "model 'a' failed to load: no /health after 600 s"
+    play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (RequestArrived(2, "a"), []),
+            (RequestArrived(3, "p"), [spawn(2, "b", 3, "p")]),
+            (
+                LoadFailed(1, "no /health after 600 s"),
+                [
+                    Kill(1, "a", "load failed: no /health after 600 s", KillCause.LOAD_FAILED),
+                    Reject(1, 503, "load_failed", failed),
+                    Reject(2, 503, "load_failed", failed),
+                    spawn(3, "a", 3, "p"),
+                ],
+            ),
+            (ReplicaReady(2), [Dispatch(3, 2, "b")]),
+        ],
+    )
+
+
+def test_load_failure_keeps_waiters_while_another_replica_loads() -> None:
+    # checks: INV-LOAD-FAILURE
+    play(
+        Settings(models=[ModelSpec("a", replicas=2)]),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1), spawn(2, "a", 1)]),
+            (RequestArrived(2, "a"), []),
+            (
+                LoadFailed(1, "oom"),
+                [Kill(1, "a", "load failed: oom", KillCause.LOAD_FAILED), spawn(3, "a", 1)],
+            ),
+            (ReplicaReady(2), [Dispatch(1, 2, "a")]),
+        ],
+    )
