@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from router.shell.logring import LineSplitter, telling_lines
+from router.shell.ports import free_port
 from router.shell.supervisor import (
     LaunchSpec,
     ProcessExited,
@@ -23,7 +24,6 @@ from router.shell.supervisor import (
     ProcessReady,
     Supervisor,
     SupervisorEvent,
-    free_port,
 )
 from tests.support.simtools import read_records, sim_launcher, write_sim_model
 

@@ -19,8 +19,9 @@ import trio
 from router.config.load import config_from_dict
 from router.placement.synthetic import SyntheticModel
 from router.serve.server import build_router, run_server
+from router.shell.ports import free_port
 from router.shell.runtime import Router
-from tests.support.simtools import free_port, sim_launcher, write_sim_gguf
+from tests.support.simtools import sim_launcher, write_sim_gguf
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUTS = REPO / "outputs"

@@ -31,9 +31,10 @@ import trio
 from router.config.load import Config, config_from_dict
 from router.config.source import ConfigSource
 from router.serve.server import build_router, run_server
+from router.shell.ports import free_port
 from router.shell.runtime import Router
 from statemachine import State
-from tests.support.simtools import free_port, sim_launcher, write_sim_model
+from tests.support.simtools import sim_launcher, write_sim_model
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 15.0

@@ -11,7 +11,6 @@ import atexit
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -26,6 +25,7 @@ import pytest
 
 from router.cli.tinymodel import TinyShape, vocab_file, write_tiny_model
 from router.hosts.locate import INSTALL_COMMAND, LlamaServerNotFound, find_llama_server, vocab_dir
+from router.shell.ports import free_port
 
 REQUIRE_REAL_ENV = "LLAMA_ROUTER_REQUIRE_REAL"
 BINARY_ENV = "LLAMA_ROUTER_LLAMA_SERVER"
@@ -83,13 +83,6 @@ def tiny_model(shape: TinyShape | None = None) -> Path:
             )
             _models[shape] = path
         return path
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @attrs.frozen

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from router.cli.tinymodel import TinyShape
-from tests.support.harness import RouterHandle, RouterProcess, free_port, process_serving, serving
+from router.shell.ports import free_port
+from tests.support.harness import RouterHandle, RouterProcess, process_serving, serving
 from tests.support.realenv import require_llama_server, tiny_model
 
 SHAPES = {
