@@ -19,7 +19,8 @@ import trio
 
 from router.shell.runtime import Router
 from tests.support.browser import OUTPUTS, SHAPES, chromium, elements, find_browser, gguf_router
-from tests.support.harness import chat_body, running_router, stream
+from tests.support.client import chat_body, stream
+from tests.support.harness import running_router
 
 # Shapes close to well-known 7-14B models at 4-bit; the files hold headers only.
 

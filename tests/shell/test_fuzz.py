@@ -37,7 +37,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from router.http.app import FORWARDED
-from tests.support.harness import REPO, config_document, running_router, write_config
+from tests.support import REPO
+from tests.support.harness import running_router
+from tests.support.simconfig import config_document, write_config
 
 SCALE = float(os.environ.get("LLAMA_ROUTER_FUZZ_SCALE", "1"))
 KEY = "fuzz-key"

@@ -19,7 +19,8 @@ from router.observe.gpu_sampler import GpuSampler
 from router.observe.metrics import RouterMetrics, stop_reason_kind
 from router.serve.server import build_router
 from tests.browser.test_dash_browser import gguf_router
-from tests.support.harness import chat_body, running_router, start_stream, stream
+from tests.support.client import chat_body, start_stream, stream
+from tests.support.harness import running_router
 from tests.support.simtools import sim_launcher, write_sim_model
 
 GIB = 1024**3

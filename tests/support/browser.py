@@ -21,9 +21,9 @@ from router.placement.synthetic import SyntheticModel
 from router.serve.server import build_router, run_server
 from router.shell.ports import free_port
 from router.shell.runtime import Router
+from tests.support import REPO
 from tests.support.simtools import sim_launcher, write_sim_gguf
 
-REPO = Path(__file__).resolve().parents[2]
 OUTPUTS = REPO / "outputs"
 REQUIRE_BROWSER_ENV = "LLAMA_ROUTER_REQUIRE_BROWSER"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "headless_shell")

@@ -18,9 +18,9 @@ import attrs
 
 from router.placement.synthetic import SyntheticModel, write_header_only
 from router.shell.ports import free_port
+from tests.support import REPO
 from tests.support.simserver import BEHAVIOUR_KEYS, SIDECAR_SUFFIX
 
-REPO = Path(__file__).resolve().parents[2]
 LAUNCHER_NAME = "sim-llama-server"
 
 
