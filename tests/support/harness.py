@@ -28,7 +28,7 @@ from statemachine import State
 from tests.support.client import assert_openai_error, chat_body, post_chat, stream, wait_health
 from tests.support.simconfig import config_document, with_replica_logs, write_config
 
-# Client helpers that some test modules still import from here.
+# What tests import from here; the four client helpers among them are tests.support.client's.
 __all__ = [
     "RouterHandle",
     "assert_openai_error",
