@@ -17,7 +17,6 @@ import os
 import platform
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,7 @@ if str(ROOT) not in sys.path:
 
 from router.cli.tinymodel import TinyShape, write_tiny_model  # noqa: E402
 from router.hosts.locate import find_llama_server  # noqa: E402
+from router.shell.ports import free_port  # noqa: E402
 
 OUTPUTS = ROOT / "outputs"
 READY_TIMEOUT = 90.0
@@ -62,13 +62,6 @@ class BenchmarkError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @attrs.frozen

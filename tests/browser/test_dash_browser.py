@@ -19,7 +19,8 @@ import trio
 
 from router.shell.runtime import Router
 from tests.support.browser import OUTPUTS, SHAPES, chromium, elements, find_browser, gguf_router
-from tests.support.harness import chat_body, running_router, stream
+from tests.support.client import chat_body, stream
+from tests.support.harness import running_router
 
 # Shapes close to well-known 7-14B models at 4-bit; the files hold headers only.
 
@@ -56,10 +57,10 @@ async def test_dashboard_shows_timeline_residency_and_history(tmp_path: Path) ->
     }
     router = {"num_gpus": 2, "max_models_per_gpu": 2}
     devices = {"0": {"memory_mib": 16384}, "1": {"memory_mib": 16384}}
-    async with gguf_router(tmp_path, models, router=router, devices=devices) as (url, the_router, client):
-        await make_traffic(client, the_router)
+    async with gguf_router(tmp_path, models, router=router, devices=devices) as h:
+        await make_traffic(h.client, h.router)
         await trio.sleep(2.5)  # one more sample after the last change
-        dom = (await chromium(browser, "--virtual-time-budget=6000", "--dump-dom", f"{url}/dash")).decode()
+        dom = (await chromium(browser, "--virtual-time-budget=6000", "--dump-dom", f"{h.url}/dash")).decode()
         OUTPUTS.mkdir(exist_ok=True)
         for name, size in (("dashboard.png", "1280,1720"), ("dashboard-phone.png", "390,2400")):
             (OUTPUTS / name).unlink(missing_ok=True)
@@ -68,7 +69,7 @@ async def test_dashboard_shows_timeline_residency_and_history(tmp_path: Path) ->
                 f"--window-size={size}",
                 "--virtual-time-budget=6000",
                 f"--screenshot={OUTPUTS / name}",
-                f"{url}/dash",
+                f"{h.url}/dash",
             )
             assert (OUTPUTS / name).stat().st_size > 10_000
 

@@ -136,7 +136,7 @@ def test_estimate_matches_llama_server(name: str) -> None:
     )
     (row,) = fp.devices
     with running_llama_server(path, *case.args(), ctx=case.ctx, slots=case.slots) as server:
-        log = server.log()
+        log = server.log_text()
     got = logged_buffers(log)
     assert {"model", "KV", "compute"} <= set(got), f"buffer sizes missing from the log:\n{log[-3000:]}"
     # The context llama.cpp really allocated is the one we predicted.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.harness import assert_openai_error
+from tests.support.client import assert_openai_error
 from tests.support.realharness import long_body, real_router
 
 pytestmark = pytest.mark.real

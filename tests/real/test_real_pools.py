@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.support.harness import SseEvent, stream
+from tests.support.client import SseEvent, stream
 from tests.support.realharness import long_body, real_router
 
 pytestmark = pytest.mark.real

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import trio
 
-from tests.support.harness import SseEvent, StreamResult, max_overlap, stream
+from tests.support.client import SseEvent, StreamResult, max_overlap, stream
 from tests.support.realharness import long_body, real_router
 
 pytestmark = pytest.mark.real

@@ -14,8 +14,10 @@ import pytest
 import trio
 
 from statemachine import KillCause
-from tests.support.harness import RouterHandle, SseEvent, pid_alive, post_chat, stream, wait_pid_gone
+from tests.support.client import SseEvent, post_chat, stream
+from tests.support.harness import RouterHandle
 from tests.support.realharness import long_body, real_router, real_router_process
+from tests.support.routerproc import pid_alive, wait_pid_gone
 
 pytestmark = pytest.mark.real
 

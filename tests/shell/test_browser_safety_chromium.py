@@ -19,9 +19,10 @@ from typing import Any
 
 import trio
 
-from tests.browser.test_dash_browser import chromium, find_browser
 from tests.shell.browser_safety_common import MODELS, replicas_now, request_lines, wait_lines
-from tests.support.harness import chat_body, running_router
+from tests.support.browser import chromium, find_browser
+from tests.support.client import chat_body
+from tests.support.harness import running_router
 
 ATTACK = """<!doctype html>
 <html><head><title>waiting</title></head><body><pre id="out"></pre>

@@ -11,7 +11,8 @@ import httpx
 import trio
 
 from tests.shell.browser_safety_common import APP, EVIL, MODELS, replicas_now, request_lines, wait_lines
-from tests.support.harness import RouterHandle, assert_openai_error, chat_body, running_router, stream
+from tests.support.client import assert_openai_error, chat_body, stream
+from tests.support.harness import RouterHandle, running_router
 from tests.support.simtools import read_records
 
 

@@ -22,9 +22,6 @@ import json
 import os
 import re
 import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,7 +34,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from router.http.app import FORWARDED
-from tests.support.harness import REPO, config_document, running_router, write_config
+from tests.support.harness import running_router
+from tests.support.processes import Launched
+from tests.support.routerproc import process_serving_sync
+from tests.support.simconfig import config_document
 
 SCALE = float(os.environ.get("LLAMA_ROUTER_FUZZ_SCALE", "1"))
 KEY = "fuzz-key"
@@ -61,61 +61,16 @@ def fuzz_settings(examples: int) -> settings:
 # ------------------------------------------------------------------------------------------- the router
 
 
-@attrs.frozen
-class Served:
-    url: str
-    process: subprocess.Popen[bytes]
-    log: Path
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launched]:
     dir = tmp_path_factory.mktemp("fuzz")
     router = {"num_gpus": 2, "api_keys": [KEY], "max_body_mib": 1, "queue_limit": 50}
-    doc = config_document(dir, MODELS, pools=POOLS, router=router)
-    path = write_config(dir, doc)
-    url = f"http://{doc['router']['host']}:{doc['router']['port']}"
-    log = dir / "router.log"
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
-    }
-    env.pop("PYTEST_CURRENT_TEST", None)
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "router", "--config", str(path)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-            cwd=str(REPO),
-        )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the router did not start:\n{log.read_text(errors='replace')}")
-            time.sleep(0.05)
-        yield Served(url, process, log)
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    with process_serving_sync(dir, config_document(dir, MODELS, pools=POOLS, router=router)) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
-def client(served: Served) -> Iterator[httpx.Client]:
+def client(served: Launched) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=served.url, timeout=30.0) as c:
         yield c
 
@@ -151,7 +106,7 @@ def check_answer(response: httpx.Response, where: str) -> None:
                 check_error_shape(data, where)
 
 
-def still_serving(client: httpx.Client, served: Served) -> None:
+def still_serving(client: httpx.Client, served: Launched) -> None:
     assert served.process.poll() is None, served.log_text()
     assert client.get("/health").status_code == 200
     normal = client.post(
@@ -266,7 +221,7 @@ def test_any_headers_get_a_well_formed_answer(
 
 @fuzz_settings(150)
 @given(data=st.binary(max_size=300))
-def test_any_bytes_on_a_socket_get_a_well_formed_answer_or_a_close(served: Served, data: bytes) -> None:
+def test_any_bytes_on_a_socket_get_a_well_formed_answer_or_a_close(served: Launched, data: bytes) -> None:
     """Random bytes as the rest of a request head (ended by a blank line, so that the server need not wait
     for more; the socket is not half-closed, which hypercorn takes for a client that left)."""
     host, port = served.url.removeprefix("http://").split(":")
@@ -282,7 +237,7 @@ def test_any_bytes_on_a_socket_get_a_well_formed_answer_or_a_close(served: Serve
             check_error_shape(answer.body, repr(data))
 
 
-def test_the_router_is_still_serving_after_the_fuzzing(client: httpx.Client, served: Served) -> None:
+def test_the_router_is_still_serving_after_the_fuzzing(client: httpx.Client, served: Launched) -> None:
     still_serving(client, served)
     own = "\n".join(line for line in served.log_text().splitlines() if "router.replica:" not in line)
     assert not re.search(r"internal error [0-9a-f]{8} on|Traceback", own), own[-5000:]

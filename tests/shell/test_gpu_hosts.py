@@ -19,8 +19,9 @@ from router.hosts.gpu_monitor import GpuMonitor
 from router.hosts.gpu_readers import AmdSmiSource, GpuReading, NvmlSource, ProcessUse, SysfsSource
 from router.placement.budgets import measure
 from router.placement.synthetic import SyntheticModel
+from tests.support.client import post_chat
 from tests.support.fakenvml import FakeNvml, fake_nvml_fixture  # noqa: F401  (the `fake_nvml` fixture)
-from tests.support.harness import RouterHandle, post_chat, running_router
+from tests.support.harness import RouterHandle, running_router
 from tests.support.simtools import placed_sim_model, read_records
 
 MIB = 1 << 20

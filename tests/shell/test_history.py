@@ -16,7 +16,8 @@ import trio
 from router.journal.history import History, HistoryQuery
 from router.journal.records import RequestRecord
 from tests.shell.test_metrics import parse, scrape, value
-from tests.support.harness import chat_body, running_router, stream
+from tests.support.client import chat_body, stream
+from tests.support.harness import running_router
 
 CHAT = "/v1/chat/completions"
 

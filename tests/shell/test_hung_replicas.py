@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 import trio
 
-from tests.support.harness import RouterHandle, chat_body, post_chat, running_router, start_stream
+from tests.support.client import chat_body, post_chat, start_stream
+from tests.support.harness import RouterHandle, running_router
 from tests.support.realharness import long_body, real_router
 
 

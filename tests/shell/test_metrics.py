@@ -19,8 +19,9 @@ from router.observe.gpu_sampler import GpuSampler
 from router.observe.metrics import STOP_LABELS, RouterMetrics, stop_label
 from router.serve.server import build_router
 from statemachine import KillCause
-from tests.browser.test_dash_browser import gguf_router
-from tests.support.harness import chat_body, running_router, start_stream, stream
+from tests.support.browser import gguf_router
+from tests.support.client import chat_body, start_stream, stream
+from tests.support.harness import running_router
 from tests.support.simtools import sim_launcher, write_sim_model
 
 GIB = 1024**3
@@ -175,12 +176,12 @@ async def test_gpu_memory_gauges_use_the_predicted_needs_and_budgets(tmp_path: P
     models = {"llama-8b": {"gpus": [0]}, "qwen-14b": {"gpus": [1]}}
     router = {"num_gpus": 2}
     devices = {"0": {"memory_mib": 16384}, "1": {"memory_mib": 16384}}
-    async with gguf_router(tmp_path, models, router=router, devices=devices) as (_, the_router, client):
-        idle = await scrape(client)
-        reply = await client.post("/v1/chat/completions", json=chat_body("llama-8b"))
+    async with gguf_router(tmp_path, models, router=router, devices=devices) as h:
+        idle = await scrape(h.client)
+        reply = await h.client.post("/v1/chat/completions", json=chat_body("llama-8b"))
         assert reply.status_code == 200
-        loaded = await scrape(client)
-        used = the_router.state.used(0)
+        loaded = await scrape(h.client)
+        used = h.router.state.used(0)
 
     assert value(idle, "llama_router_gpu_memory_predicted_bytes", gpu="0") == 0
     assert value(idle, "llama_router_gpu_memory_budget_bytes", gpu="0") == 16 * GIB

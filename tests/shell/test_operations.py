@@ -7,7 +7,8 @@ from typing import Any
 
 import trio
 
-from tests.support.harness import assert_openai_error, chat_body, post_chat, running_router, stream
+from tests.support.client import assert_openai_error, chat_body, post_chat, stream
+from tests.support.harness import running_router
 
 KEYS = {"api_keys": ["sk-one", "sk-two"]}
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import trio
 
 from router.placement.synthetic import SyntheticModel
-from tests.support.harness import post_chat, running_router
+from tests.support.client import post_chat
+from tests.support.harness import running_router
 from tests.support.simtools import placed_sim_model, read_records
 
 MIB = 1 << 20

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import trio
 
-from tests.support.harness import assert_openai_error, chat_body, running_router, stream
+from tests.support.client import assert_openai_error, chat_body, stream
+from tests.support.harness import running_router
 
 MODELS = {
     "big": {"parallel": 1, "gpus": [0], "sim": {"tokens": 4000, "token_rate": 200.0}},

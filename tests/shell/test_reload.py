@@ -9,15 +9,9 @@ from typing import Any
 
 import trio
 
-from tests.support.harness import (
-    assert_openai_error,
-    chat_body,
-    largest_gap,
-    post_chat,
-    router_process,
-    running_router,
-    stream,
-)
+from tests.support.client import assert_openai_error, chat_body, largest_gap, post_chat, stream
+from tests.support.harness import running_router
+from tests.support.routerproc import router_process
 
 MODELS: dict[str, Any] = {
     "a": {"parallel": 1, "gpus": [0], "sim": {"tokens": 300, "token_rate": 100.0}},

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from router.shell.replica_logs import ReplicaLogs, file_stem
-from tests.support.harness import assert_openai_error, post_chat, running_router
+from tests.support.client import assert_openai_error, post_chat
+from tests.support.harness import running_router
 
 # --------------------------------------------------------------------------------------------- the files
 

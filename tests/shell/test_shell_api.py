@@ -8,18 +8,9 @@ from pathlib import Path
 
 import trio
 
-from tests.support.harness import (
-    RouterHandle,
-    assert_openai_error,
-    chat_body,
-    post_chat,
-    queued_for,
-    running_router,
-    start_post,
-    start_stream,
-    stream,
-    wait_pid_gone,
-)
+from tests.support.client import assert_openai_error, chat_body, post_chat, start_post, start_stream, stream
+from tests.support.harness import RouterHandle, queued_for, running_router
+from tests.support.routerproc import wait_pid_gone
 from tests.support.simtools import read_records
 
 MANY = {"tokens": 1000}

@@ -18,14 +18,8 @@ import trio
 
 from router.http.request_body import MAX_DEPTH
 from router.http.request_headers import HEADERS_LIMIT
-from tests.support.harness import (
-    RouterHandle,
-    assert_openai_error,
-    chat_body,
-    parse_events,
-    post_chat,
-    running_router,
-)
+from tests.support.client import assert_openai_error, chat_body, parse_events, post_chat
+from tests.support.harness import RouterHandle, running_router
 
 CHAT = "/v1/chat/completions"
 MODELS: dict[str, dict[str, Any]] = {"a": {"sim": {"tokens": 2}}, "b": {"gpus": [1], "sim": {"tokens": 2}}}

@@ -8,18 +8,9 @@ from pathlib import Path
 
 import trio
 
-from tests.support.harness import (
-    assert_openai_error,
-    chat_body,
-    pid_alive,
-    post_chat,
-    router_process,
-    running_router,
-    start_post,
-    start_stream,
-    stream,
-    wait_pid_gone,
-)
+from tests.support.client import assert_openai_error, chat_body, post_chat, start_post, start_stream, stream
+from tests.support.harness import running_router
+from tests.support.routerproc import pid_alive, router_process, wait_pid_gone
 from tests.support.simtools import read_records
 
 MANY = {"tokens": 1000}

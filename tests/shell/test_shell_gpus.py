@@ -8,16 +8,8 @@ from typing import Any
 import pytest
 import trio
 
-from tests.support.harness import (
-    RouterHandle,
-    chat_body,
-    largest_gap,
-    post_chat,
-    queued_for,
-    running_router,
-    start_post,
-    start_stream,
-)
+from tests.support.client import chat_body, largest_gap, post_chat, start_post, start_stream
+from tests.support.harness import RouterHandle, queued_for, running_router
 from tests.support.simtools import read_records
 
 MANY = {"tokens": 1000}

@@ -7,17 +7,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.support.harness import (
-    chat_body,
-    inflight_of,
-    max_overlap,
-    post_chat,
-    queued_for,
-    running_router,
-    start_post,
-    start_stream,
-    stream,
-)
+from tests.support.client import chat_body, max_overlap, post_chat, start_post, start_stream, stream
+from tests.support.harness import inflight_of, queued_for, running_router
 
 # Long replies come from max_tokens; the simulated models could produce up to this many tokens.
 MANY = {"tokens": 1000}

@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
+from router.shell.ports import free_port
 from tests.support.simtools import (
     REPO,
     SimRun,
-    free_port,
     read_records,
     running_sim,
     sim_launcher,

@@ -12,7 +12,9 @@ from typing import Any
 
 import trio
 
-from tests.support.harness import post_chat, router_process, running_router
+from tests.support.client import post_chat
+from tests.support.harness import running_router
+from tests.support.routerproc import router_process
 
 # A long, fast stream: far more bytes than the socket buffers on both sides hold.
 FLOOD = {"m": {"ctx": 100000, "sim": {"tokens": 90000, "token_rate": None, "n_ctx_train": 100000}}}

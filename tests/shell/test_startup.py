@@ -16,14 +16,10 @@ import pytest
 
 from router.__main__ import main
 from router.config.load import default_history_db, load_config
-from tests.support.harness import (
-    REPO,
-    assert_openai_error,
-    config_document,
-    post_chat,
-    running_router,
-    write_config,
-)
+from tests.support import REPO
+from tests.support.client import assert_openai_error, post_chat
+from tests.support.harness import running_router
+from tests.support.simconfig import config_document, write_config
 
 
 def run_router(*args: str, cwd: Path = REPO, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import trio
 
-from tests.support.harness import chat_body, post_chat, running_router, start_stream
+from tests.support.client import chat_body, post_chat, start_stream
+from tests.support.harness import running_router
 
 
 async def test_unload_under_traffic_returns_once_its_replicas_have_exited(tmp_path: Path) -> None:

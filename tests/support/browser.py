@@ -4,7 +4,6 @@ at."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import shutil
 from collections.abc import AsyncIterator, Mapping
@@ -12,17 +11,13 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import trio
 
-from router.config.load import config_from_dict
 from router.placement.synthetic import SyntheticModel
-from router.serve.server import build_router, run_server
-from router.shell.runtime import Router
-from tests.support.simtools import free_port, sim_launcher, write_sim_gguf
+from tests.support import REPO
+from tests.support.harness import RouterHandle, running_router
 
-REPO = Path(__file__).resolve().parents[2]
 OUTPUTS = REPO / "outputs"
 REQUIRE_BROWSER_ENV = "LLAMA_ROUTER_REQUIRE_BROWSER"
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "headless_shell")
@@ -57,9 +52,21 @@ SHAPES: Mapping[str, SyntheticModel] = {
 }
 
 
-def gguf_model(dir: Path, name: str, shape: SyntheticModel, **behaviour: Any) -> Path:
-    """A header-only GGUF of ``shape`` whose simulated replica behaves as ``behaviour`` says."""
-    return write_sim_gguf(dir, name, shape, name=name, **behaviour)
+# The simulator's behaviour for these models unless a table says otherwise: slower loads and longer replies
+# than the harness's defaults, so that the dashboard has loads and streams to show.
+GGUF_SIM: Mapping[str, Any] = {"load_delay": 0.3, "tokens": 24, "token_rate": 200.0}
+
+
+def gguf_models(models: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``models`` as header-only GGUF models: a table without a ``shape`` takes its name's from
+    :data:`SHAPES` (else a default :class:`SyntheticModel`), and its ``sim`` keys go over :data:`GGUF_SIM`."""
+    tables = {}
+    for name, raw in models.items():
+        table = dict(raw)
+        table.setdefault("shape", SHAPES.get(name, SyntheticModel()))
+        table["sim"] = {**GGUF_SIM, **table.get("sim", {})}
+        tables[name] = table
+    return tables
 
 
 @contextlib.asynccontextmanager
@@ -69,47 +76,10 @@ async def gguf_router(
     *,
     router: Mapping[str, Any] | None = None,
     devices: Mapping[str, Any] | None = None,
-) -> AsyncIterator[tuple[str, Router, httpx.AsyncClient]]:
-    """The real router (run_server) on ``models``: each value is a ``[models.NAME]`` table whose ``shape``
-    and ``sim`` keys say how to write the model file."""
-    tables = {}
-    for name, raw in models.items():
-        table = dict(raw)
-        shape = table.pop("shape", SHAPES.get(name, SyntheticModel()))
-        sim = {"load_delay": 0.3, "tokens": 24, "token_rate": 200.0, **table.pop("sim", {})}
-        table["model"] = str(gguf_model(dir / "models", name, shape, **sim))
-        tables[name] = table
-    doc: dict[str, Any] = {
-        "router": {
-            "host": "127.0.0.1",
-            "port": free_port(),
-            "llama_server": str(sim_launcher(dir)),
-            "history_db": str(dir / "history.db"),
-            "replica_logs": str(dir / "replica-logs"),
-            "load_timeout": 20.0,
-            "stop_timeout": 3.0,
-            **(router or {}),
-        },
-        "models": tables,
-    }
-    if devices:
-        doc["devices"] = dict(devices)
-    config = config_from_dict(doc, dir / "router.json")
-    the_router = build_router(config)
-    url = f"http://127.0.0.1:{config.router.port}"
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(functools.partial(run_server, config, router=the_router))
-        async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
-            with trio.fail_after(15):
-                while True:
-                    with contextlib.suppress(httpx.TransportError):
-                        if (await client.get("/health")).status_code == 200:
-                            break
-                    await trio.sleep(0.02)
-            try:
-                yield url, the_router, client
-            finally:
-                nursery.cancel_scope.cancel()
+) -> AsyncIterator[RouterHandle]:
+    """:func:`~tests.support.harness.running_router` on :func:`gguf_models` of ``models``."""
+    async with running_router(dir, gguf_models(models), router=router, devices=devices) as handle:
+        yield handle
 
 
 class _Elements(HTMLParser):

@@ -11,21 +11,19 @@ import atexit
 import contextlib
 import os
 import shutil
-import socket
-import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
 import attrs
-import httpx
 import pytest
 
 from router.cli.tinymodel import TinyShape, vocab_file, write_tiny_model
 from router.hosts.locate import INSTALL_COMMAND, LlamaServerNotFound, find_llama_server, vocab_dir
+from router.shell.ports import free_port
+from tests.support.processes import Launched, NotReady, launched
 
 REQUIRE_REAL_ENV = "LLAMA_ROUTER_REQUIRE_REAL"
 BINARY_ENV = "LLAMA_ROUTER_LLAMA_SERVER"
@@ -85,27 +83,10 @@ def tiny_model(shape: TinyShape | None = None) -> Path:
         return path
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@attrs.frozen
-class RunningServer:
-    base_url: str
-    process: subprocess.Popen[bytes]
-    log_path: Path
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-
 @contextlib.contextmanager
 def running_llama_server(
     model: Path, *extra: str, ctx: int = 1024, slots: int = 2, threads: int = 1, ready_timeout: float = 60.0
-) -> Iterator[RunningServer]:
+) -> Iterator[Launched]:
     """Run the real llama-server on ``model`` (CPU only, no fitting) until the block ends.
 
     Waits for ``/health`` to answer 200; fails the test with the server's log if it exits or times out.
@@ -113,39 +94,23 @@ def running_llama_server(
     binary = require_llama_server()
     port = free_port()
     log_dir = Path(tempfile.mkdtemp(prefix="llama-server-log-"))
-    log_path = log_dir / "server.log"
     argv = [
         str(binary),
         *("--host", "127.0.0.1", "--port", str(port), "-m", str(model)),
         *("-c", str(ctx), "-np", str(slots), "--fit", "off", "-ngl", "0", "-t", str(threads)),
         *extra,
     ]
-    with log_path.open("wb") as log_file:
-        process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    server = RunningServer(f"http://127.0.0.1:{port}", process, log_path)
+    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + ready_timeout
-        with httpx.Client(timeout=5.0) as client:
-            while True:
-                if process.poll() is not None:
-                    pytest.fail(
-                        f"llama-server exited with {process.returncode}:\n{server.log()}", pytrace=False
-                    )
-                with contextlib.suppress(httpx.TransportError):
-                    if client.get(f"{server.base_url}/health").status_code == 200:
-                        break
-                if time.monotonic() > deadline:
-                    pytest.fail(
-                        f"llama-server not ready after {ready_timeout} s:\n{server.log()}", pytrace=False
-                    )
-                time.sleep(0.05)
-        yield server
-    finally:
-        if process.poll() is None:
-            process.terminate()
+        with contextlib.ExitStack() as stack:
             try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+                server = stack.enter_context(
+                    launched(
+                        argv, url, log_dir / "server.log", name="llama-server", ready_timeout=ready_timeout
+                    )
+                )
+            except NotReady as exc:
+                pytest.fail(str(exc), pytrace=False)
+            yield server
+    finally:
         shutil.rmtree(log_dir, ignore_errors=True)

@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from router.cli.tinymodel import TinyShape
-from tests.support.harness import RouterHandle, RouterProcess, free_port, process_serving, serving
+from router.shell.ports import free_port
+from tests.support.harness import RouterHandle, serving
 from tests.support.realenv import require_llama_server, tiny_model
+from tests.support.routerproc import RouterProcess, process_serving
 
 SHAPES = {
     "small": TinyShape(n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=128, seed=1),

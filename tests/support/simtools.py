@@ -17,9 +17,10 @@ from typing import Any
 import attrs
 
 from router.placement.synthetic import SyntheticModel, write_header_only
+from router.shell.ports import free_port
+from tests.support import REPO
 from tests.support.simserver import BEHAVIOUR_KEYS, SIDECAR_SUFFIX
 
-REPO = Path(__file__).resolve().parents[2]
 LAUNCHER_NAME = "sim-llama-server"
 
 
@@ -91,13 +92,6 @@ def read_records(record_dir: Path | str) -> list[dict[str, Any]]:
         return []
     records = [json.loads(p.read_text()) for p in root.glob("*.json")]
     return sorted(records, key=lambda r: (r.get("started", 0.0), r.get("pid", 0)))
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sim_command(

@@ -26,9 +26,12 @@ from router.config.source import ConfigSource
 from router.deploy.bridge import plan
 from router.placement.gguf_header import read_header
 from router.placement.synthetic import SyntheticModel, write_header_only
-from tests.support.harness import REPO, chat_body, serving_config
+from router.shell.ports import free_port
+from tests.support import REPO
+from tests.support.client import chat_body
+from tests.support.harness import serving_config
 from tests.support.realenv import require_llama_server, tiny_model
-from tests.support.simtools import free_port, sim_launcher, write_sim_sidecar
+from tests.support.simtools import sim_launcher, write_sim_sidecar
 
 # ------------------------------------------------------------------------------------------------- files
 

@@ -19,7 +19,8 @@ from router.placement.extras import DraftInput
 from router.placement.fit import plan_model
 from router.placement.model_plan import PlacementInput
 from router.placement.synthetic import SyntheticModel
-from tests.support.harness import post_chat, running_router
+from tests.support.client import post_chat
+from tests.support.harness import running_router
 from tests.support.simtools import write_sim_sidecar
 from tests.unit.placement_flag_models import ROOMY, header_only, plan_of
 

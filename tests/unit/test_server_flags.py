@@ -18,15 +18,11 @@ from router.config.llama_args import SHORT_FLAGS, render_flag
 from router.config.load import ConfigError, config_from_dict
 from router.hosts import server_flags
 from router.hosts.server_flags import accepted_flags, check_flags, flag_problem, parse_help
-from tests.support.harness import (
-    REPO,
-    assert_openai_error,
-    config_document,
-    post_chat,
-    running_router,
-    write_config,
-)
+from tests.support import REPO
+from tests.support.client import assert_openai_error, post_chat
+from tests.support.harness import running_router
 from tests.support.realenv import require_llama_server
+from tests.support.simconfig import config_document, write_config
 
 HELP_FIXTURE = Path(__file__).resolve().parents[1] / "support" / "llama-server-help.txt"
 ACCEPTED = parse_help(HELP_FIXTURE.read_text())

@@ -228,13 +228,13 @@ def completion(base_url: str, prompt: str, n_predict: int = 8) -> dict[str, obje
 def test_real_llama_server_loads_and_answers() -> None:
     with running_llama_server(tiny_model()) as server:
         prompt = "The quick brown fox jumps over the lazy dog because"
-        first = completion(server.base_url, prompt)
+        first = completion(server.url, prompt)
         timings = first["timings"]
         assert isinstance(timings, dict)
         assert timings["predicted_n"] == first["tokens_predicted"] == 8
         assert timings["prompt_n"] > 5
         assert isinstance(first["content"], str)
-        second = completion(server.base_url, prompt)
+        second = completion(server.url, prompt)
         assert second["content"] == first["content"]  # greedy decoding of a fixed model
         assert second["timings"]["cache_n"] > 0  # type: ignore[index]
 
@@ -251,7 +251,7 @@ def test_real_llama_server_loads_and_answers() -> None:
 )
 def test_real_llama_server_runs_other_shapes(shape: TinyShape) -> None:
     with running_llama_server(tiny_model(shape), ctx=512, slots=1) as server:
-        result = completion(server.base_url, "Hello world", n_predict=4)
+        result = completion(server.url, "Hello world", n_predict=4)
         assert result["tokens_predicted"] == 4
-        props = httpx.get(f"{server.base_url}/props", timeout=10.0).json()
+        props = httpx.get(f"{server.url}/props", timeout=10.0).json()
         assert props["default_generation_settings"]["n_ctx"] == 512
