@@ -494,7 +494,7 @@
     if (!st) return;
     const items = st.recent.slice(0, 60).map((e) => {
       let label = KIND[e.kind] || e.kind;
-      if (e.kind === "stop" && /^evicted/.test(e.reason)) label = "evicted";
+      if (e.kind === "stop" && e.cause === "evicted") label = "evicted";
       return h("li", { class: "event", "data-kind": e.kind },
         h("time", { datetime: new Date(e.at * 1000).toISOString(), text: fmtClock(e.at) }),
         h("span", { class: "kind" }, h("span", { class: "badge k-" + e.kind, text: label })),
