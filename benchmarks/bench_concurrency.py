@@ -29,22 +29,9 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (
-    DEVICE_MIB,
-    LocalRouter,
-    async_client,
-    base_parser,
-    chat_body,
-    fetch_json,
-    make_models,
-    ms,
-    print_table,
-    prompt_text,
-    router_models,
-    run_benchmark,
-    shape_facts,
-    summary,
-)
+from benchmarks.results import LocalRouter, base_parser, ms, print_table, run_benchmark, summary
+from benchmarks.services import DEVICE_MIB, make_models, shape_facts
+from benchmarks.workload import async_client, chat_body, fetch_json, prompt_text, router_models
 from router.cli.tinymodel import TinyShape
 
 SHAPE = TinyShape(n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=128)

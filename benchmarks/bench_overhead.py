@@ -40,29 +40,28 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (
-    DEVICE_MIB,
-    BenchmarkError,
-    StreamResult,
-    async_client,
+from benchmarks.results import (
     base_parser,
-    chat_body,
-    llama_server_binary,
-    llama_server_process,
-    llamacpp_router_process,
     machine_facts,
-    make_models,
     ms,
     print_table,
     ratio,
-    router_process,
     settings_of,
-    shape_facts,
-    stream_chat,
     summary,
-    work_directory,
     write_result,
 )
+from benchmarks.services import (
+    DEVICE_MIB,
+    BenchmarkError,
+    llama_server_binary,
+    llama_server_process,
+    llamacpp_router_process,
+    make_models,
+    router_process,
+    shape_facts,
+    work_directory,
+)
+from benchmarks.workload import StreamResult, async_client, chat_body, stream_chat
 from router.cli.tinymodel import TinyShape
 
 CHAT_PATH = "/v1/chat/completions"

@@ -32,20 +32,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import (
-    DEVICE_MIB,
-    LocalRouter,
-    async_client,
-    base_parser,
-    chat_body,
-    make_models,
-    ms,
-    print_table,
-    prompt_text,
-    router_models,
-    run_benchmark,
-    shape_facts,
-)
+from benchmarks.results import LocalRouter, base_parser, ms, print_table, run_benchmark
+from benchmarks.services import DEVICE_MIB, make_models, shape_facts
+from benchmarks.workload import async_client, chat_body, prompt_text, router_models
 from router.cli.tinymodel import TinyShape
 
 CHAT_PATH = "/v1/chat/completions"

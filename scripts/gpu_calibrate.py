@@ -42,7 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import machine_facts, print_table, router_process, work_directory  # noqa: E402
+from benchmarks.results import machine_facts, print_table  # noqa: E402
+from benchmarks.services import router_process, work_directory  # noqa: E402
 from router.cli.tinymodel import TinyShape, write_tiny_model  # noqa: E402
 from router.hosts.locate import INSTALL_COMMAND, LlamaServerNotFound, find_llama_server, router_home  # noqa: E402
 
