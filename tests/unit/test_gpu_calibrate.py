@@ -12,6 +12,7 @@ from types import ModuleType
 
 import pytest
 
+from scripts.calibrate import compare, parsing
 from tests.support.realenv import require_llama_server, require_vocab_dir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,25 +49,25 @@ REPLICA_LOG = """\
 
 
 def test_parse_buffers_sums_per_device_and_kind() -> None:
-    buffers = gc.parse_buffers(REPLICA_LOG)
+    buffers = parsing.parse_buffers(REPLICA_LOG)
     assert buffers == {
         "CPU_Mapped": {"model": 259.69},
         "CUDA0": {"model": 682.64, "KV": 384.0, "compute": 298.5},
         "CUDA_Host": {"output": 1.16, "compute": 65.76},
     }
-    assert gc.device_sums(buffers, dry_run=False) == {"model": 682.64, "KV": 384.0, "compute": 298.5}
-    assert gc.device_sums(buffers, dry_run=True) == {"model": 259.69}
-    assert gc.host_weights(buffers) == 259.69
-    assert gc.context_lines(REPLICA_LOG) == [
+    assert parsing.device_sums(buffers, dry_run=False) == {"model": 682.64, "KV": 384.0, "compute": 298.5}
+    assert parsing.device_sums(buffers, dry_run=True) == {"model": 259.69}
+    assert parsing.host_weights(buffers) == 259.69
+    assert parsing.context_lines(REPLICA_LOG) == [
         "0.00.610.000 I llama_context: n_ctx = 32768",
         "0.00.610.001 I llama_context: n_ctx_seq = 16384",
     ]
-    assert gc.parse_buffers("--- 2026-01-01 10:00:00 replica 3 of other\n") == {}
+    assert parsing.parse_buffers("--- 2026-01-01 10:00:00 replica 3 of other\n") == {}
 
 
 def test_parse_nvidia_smi() -> None:
     csv = "0, NVIDIA H200, 00000000:19:00.0, 143771, 1024\n1, NVIDIA H200, 00000000:3B:00.0, 143771, [N/A]\n"
-    first, second = gc.parse_gpus(csv)
+    first, second = parsing.parse_gpus(csv)
     assert first == {
         "index": 0,
         "name": "NVIDIA H200",
@@ -75,7 +76,7 @@ def test_parse_nvidia_smi() -> None:
         "used_mib": 1024,
     }
     assert second["index"] == 1 and second["used_mib"] is None
-    assert gc.parse_compute_apps("4242, 1718\n4343, [N/A]\n\nNo running processes found\n") == {
+    assert parsing.parse_compute_apps("4242, 1718\n4343, [N/A]\n\nNo running processes found\n") == {
         4242: 1718,
         4343: None,
     }
@@ -105,8 +106,8 @@ def _plan_model() -> dict[str, object]:
 
 
 def test_compare_replica_on_a_gpu() -> None:
-    buffers = gc.parse_buffers(REPLICA_LOG)
-    row = gc.compare_replica(
+    buffers = parsing.parse_buffers(REPLICA_LOG)
+    row = compare.compare_replica(
         _plan_model(), {"id": 1, "pid": 4242}, buffers, dry_run=False, process_mib=1718, gpu_delta_mib=1722
     )
     assert row["predicted_mib"] == {
@@ -132,26 +133,26 @@ def test_compare_replica_on_a_gpu() -> None:
     assert row["need_minus_measured_mib"] == 182.0
     assert row["need_covers_measured"] is True
     # Without a per-process reading (a container hiding pids) the rise of the GPU's used memory counts.
-    row = gc.compare_replica(
+    row = compare.compare_replica(
         _plan_model(), {"id": 1, "pid": 4242}, buffers, dry_run=False, process_mib=None, gpu_delta_mib=1950
     )
     assert row["measured_mib"] == 1950 and row["need_covers_measured"] is False
 
 
 def test_checks_of_a_gpu_run() -> None:
-    buffers = gc.parse_buffers(REPLICA_LOG)
-    row = gc.compare_replica(
+    buffers = parsing.parse_buffers(REPLICA_LOG)
+    row = compare.compare_replica(
         _plan_model(), {"id": 1, "pid": 4242}, buffers, dry_run=False, process_mib=1718, gpu_delta_mib=None
     )
     reload = {"status": 200, "restarted": [], "ctx": {"qwen-shape": {"before": 32768, "after": 32768}}}
     document = {"mode": "gpu", "replicas": [row], "reload": reload}
-    assert [(c["check"], c["ok"]) for c in gc.checks_of(document)] == [
+    assert [(c["check"], c["ok"]) for c in compare.checks_of(document)] == [
         ("reload keeps contexts", True),
         ("qwen-shape: CUDA0 buffers logged", True),
         ("qwen-shape: need covers measured", True),
     ]
     reload["ctx"]["qwen-shape"]["after"] = 16384
-    assert not gc.checks_of(document)[0]["ok"]
+    assert not compare.checks_of(document)[0]["ok"]
 
 
 def test_refuses_without_nvidia_smi(
