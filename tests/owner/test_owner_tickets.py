@@ -145,3 +145,25 @@ async def test_a_redispatch_after_the_replica_exited_gets_the_exit_as_its_answer
         await settle()
         assert not router.tickets and not router.state.requests
         assert [s.replica_id for s in sup.spawns] == [1]  # the DispatchFailed never reached the scheduler
+
+
+async def test_a_client_gone_in_flight_frees_the_slot_and_a_second_finish_changes_nothing(
+    tmp_path: Path, launcher: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
+        router, sup = owned.router, owned.supervisor
+        records: list[object] = []
+        router.record_listeners.append(records.append)
+        first, second = ask(router, "a"), ask(router, "a")
+        await settle()
+        sup.ready(1)
+        await first.decided.wait()
+        assert first.phase is TicketPhase.SENT and second.phase is TicketPhase.WAITING
+        router.finish(first, completed=False)  # the handler closed the exchange, then reports
+        router.finish(first, completed=True)
+        await second.decided.wait()
+        await settle()
+        assert second.dispatch is not None and second.dispatch.replica == 1  # the slot went on at once
+        assert first.phase is TicketPhase.FINISHED and first.rid not in router.tickets
+        assert len(records) == 1 and first.rid not in router.state.requests
+        assert [k.replica for k in sup.kills] == []

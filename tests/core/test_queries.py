@@ -1,0 +1,86 @@
+"""The read-side queries the shell and its pages ask of a state (statemachine/queries.py), on states the
+scheduler itself produced."""
+
+from __future__ import annotations
+
+import attrs
+
+from statemachine import (
+    ModelSpec,
+    ModelState,
+    Policy,
+    PoolSpec,
+    ReplicaReady,
+    RequestArrived,
+    Settings,
+    State,
+    initial_state,
+    loading_for,
+    model_state,
+    queue_position,
+    ready_replicas,
+    replica_state,
+    serving_models,
+    step,
+)
+
+SETTINGS = Settings(
+    models=[ModelSpec("a", slots=1), ModelSpec("b", slots=1), ModelSpec("c", slots=1)],
+    pools=[PoolSpec("both", ("a", "b"), fallback=True), PoolSpec("first", ("b", "a"))],
+    policy=Policy(max_models_per_gpu=3),
+)
+
+
+def feed(*events: object) -> State:
+    state = initial_state(SETTINGS)
+    for event in events:
+        state, _ = step(state, event)  # type: ignore[arg-type]
+    return state
+
+
+def test_the_models_that_serve_a_target() -> None:
+    assert serving_models(SETTINGS, "a") == ("a",)
+    assert serving_models(SETTINGS, "both") == ("a", "b")  # fallback: every member, in priority order
+    assert serving_models(SETTINGS, "first") == ("b",)  # without fallback only the first member serves
+
+
+def test_model_state_follows_the_most_advanced_replica() -> None:
+    state = feed(RequestArrived(1, "a"))
+    assert model_state(state, "a") is ModelState.LOADING
+    assert model_state(state, "b") is ModelState.UNLOADED
+    state = feed(RequestArrived(1, "a"), ReplicaReady(1))
+    assert model_state(state, "a") is ModelState.READY
+    stopping = attrs.evolve(state, replicas=tuple(attrs.evolve(r, phase="stopping") for r in state.replicas))
+    assert model_state(stopping, "a") is ModelState.STOPPING
+
+
+def test_ready_replicas_come_in_the_order_of_the_models_asked() -> None:
+    state = feed(RequestArrived(1, "a"), RequestArrived(2, "b"), ReplicaReady(1), ReplicaReady(2))
+    assert [r.model for r in ready_replicas(state, ("b", "a"))] == ["b", "a"]
+    assert [r.model for r in ready_replicas(state, ["c"])] == []
+
+
+def test_a_draining_ready_replica_shows_as_draining() -> None:
+    state = feed(RequestArrived(1, "a"), ReplicaReady(1))
+    (replica,) = state.replicas
+    assert replica_state(replica) == "ready"
+    assert replica_state(attrs.evolve(replica, draining=True)) == "draining"
+    assert replica_state(attrs.evolve(replica, phase="stopping", draining=True)) == "stopping"
+
+
+def test_queue_position_and_the_loads_a_waiting_request_waits_for() -> None:
+    # Request 1 runs on a's only slot; 2 and 3 wait; 4 waits for the pool, whose member b loads.
+    state = feed(
+        RequestArrived(1, "a"),
+        ReplicaReady(1),
+        RequestArrived(2, "a"),
+        RequestArrived(3, "a"),
+        RequestArrived(4, "both"),
+    )
+    assert queue_position(state, 1) is None  # in flight
+    assert queue_position(state, 2) == 1
+    assert queue_position(state, 3) == 2
+    assert queue_position(state, 99) is None
+    assert loading_for(state, 2) == []  # a is ready; nothing loads for it
+    assert [r.model for r in loading_for(state, 4)] == ["b"]
+    assert loading_for(state, 1) == []
