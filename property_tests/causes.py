@@ -3,8 +3,8 @@
 A Spawn names the waiting request whose placement loads it (a request the model may serve), or no request
 for the loads of the ``Startup`` rule (the pass after that rule may still load for waiting requests). A
 Kill's cause names the situation it was made in; only an eviction carries an ``Eviction`` (its contents are
-INV-VICTIM's business, in world.py). The checks read the world's view at the moment of the command, as
-world.py does for the other trace properties.
+INV-VICTIM's business, in evictions.py). The checks read the world's view at the moment of the command, as
+the other trace checks do.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from statemachine.commands import Stopped
 
 from .profiles import machine_settings
 from .test_scheduler_machine import SchedulerMachine
-from .world import WAITING
+from .views import WAITING
 
 
 def drain_bound(waiting: int, expiries: int) -> int:

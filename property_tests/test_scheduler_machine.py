@@ -42,7 +42,8 @@ from statemachine import (
 from .profiles import machine_settings
 from .replay import replay_banner
 from .strategies import TOKEN_CHOICES, UNKNOWN_TARGET, models, scheduler_settings
-from .world import RUNNING, WAITING, Findings, ReplicaView, World
+from .views import RUNNING, WAITING, Findings, ReplicaView
+from .world import World
 
 DT_CHOICES = (0.0, 0.1, 0.5, 1.0, 3.0, 10.0)
 
