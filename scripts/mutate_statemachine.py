@@ -2,7 +2,7 @@
 
 Each mutant changes one point of one module (an AST edit): a comparison flipped, ``and``/``or`` swapped, an
 int constant moved by one, ``min``/``max`` swapped, a statement replaced by ``pass``, a returned value
-dropped. Every mutant runs the pure tiers (tests/core/test_scheduler_*.py and the property machines under the
+dropped. Every mutant runs the pure tiers (tests/core/test_*.py and the property machines under the
 ``mutation`` Hypothesis profile: derandomized, no shrinking, fewer examples) in its own copy of the
 repository, several at a time. The report goes to outputs/mutation-report.json; surviving mutants are listed
 with file, line and the edit, to be killed by a new test or recorded in property_tests/EQUIVALENT_MUTANTS.md.
@@ -32,7 +32,7 @@ import attrs
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "statemachine"
 TESTS = [
-    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "core").glob("test_scheduler_*.py")),
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "core").glob("test_*.py")),
     "property_tests/test_scheduler_machine.py",
     "property_tests/test_liveness.py",
 ]

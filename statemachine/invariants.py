@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .queries import residents, used
 from .state import INFLIGHT, QUEUED, READY, STOPPING, State
 
 
@@ -17,14 +18,12 @@ def check(state: State) -> None:
     settings = state.settings
     gpus = {g for r in state.replicas for g in r.gpus}
     for gpu in sorted(gpus):
-        residents = state.residents(gpu)
-        if len(residents) > settings.policy.max_models_per_gpu:
-            _fail(
-                "INV-CAP", f"GPU {gpu} holds {sorted(residents)} (cap {settings.policy.max_models_per_gpu})"
-            )
+        models = residents(state, gpu)
+        if len(models) > settings.policy.max_models_per_gpu:
+            _fail("INV-CAP", f"GPU {gpu} holds {sorted(models)} (cap {settings.policy.max_models_per_gpu})")
         budget = settings.budget(gpu)
-        if budget is not None and state.used(gpu) > budget:
-            _fail("INV-BUDGET", f"GPU {gpu} uses {state.used(gpu)} bytes of {budget}")
+        if budget is not None and used(state, gpu) > budget:
+            _fail("INV-BUDGET", f"GPU {gpu} uses {used(state, gpu)} bytes of {budget}")
     by_id = {r.id: r for r in state.replicas}
     if len(by_id) != len(state.replicas):
         _fail("INV-IDS", "two replicas share an id")

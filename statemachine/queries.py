@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 from .settings import Settings
-from .state import LOADING, QUEUED, READY, STOPPING, Replica, State
+from .state import LOADING, QUEUED, READY, STOPPING, Replica, Request, State
 
 
 class ModelState(enum.StrEnum):
@@ -64,3 +64,29 @@ def loading_for(state: State, rid: int) -> list[Replica]:
     pool = state.settings.pool_table.get(request.target)
     models = set(pool.members) if pool is not None else {request.target}
     return [r for r in state.replicas if r.phase == LOADING and r.model in models]
+
+
+def find_replica(state: State, replica_id: int) -> Replica | None:
+    for r in state.replicas:
+        if r.id == replica_id:
+            return r
+    return None
+
+
+def replicas_of(state: State, model: str) -> list[Replica]:
+    return [r for r in state.replicas if r.model == model]
+
+
+def residents(state: State, gpu: int) -> set[str]:
+    """Models resident on ``gpu``: any replica, from Spawn until it has exited."""
+    return {r.model for r in state.replicas if gpu in r.gpus}
+
+
+def used(state: State, gpu: int) -> int:
+    """The predicted bytes of ``gpu`` its replicas hold, each counted with the spec it runs with."""
+    return sum(state.spec_of(r).need_on(gpu) for r in state.replicas if gpu in r.gpus)
+
+
+def queued(state: State) -> list[Request]:
+    """Waiting requests in arrival order."""
+    return sorted((r for r in state.requests.values() if r.phase == QUEUED), key=lambda r: r.seq)

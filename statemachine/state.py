@@ -102,29 +102,9 @@ class State:
     # very ``replicas`` tuple and ``settings`` it was built for; never part of equality or repr.
     index: ReplicaIndex | None = attrs.field(default=None, eq=False, repr=False)
 
-    def replica(self, rid: int) -> Replica | None:
-        for r in self.replicas:
-            if r.id == rid:
-                return r
-        return None
-
-    def replicas_of(self, model: str) -> list[Replica]:
-        return [r for r in self.replicas if r.model == model]
-
-    def residents(self, gpu: int) -> set[str]:
-        """Models resident on ``gpu``: any replica, from Spawn until it has exited."""
-        return {r.model for r in self.replicas if gpu in r.gpus}
-
     def spec_of(self, replica: Replica) -> ModelSpec:
         """The spec a replica runs with: the configured one, or the one it kept when a reload retired it."""
         return self.retired.get(replica.id) or self.settings.models[replica.model]
-
-    def used(self, gpu: int) -> int:
-        return sum(self.spec_of(r).need_on(gpu) for r in self.replicas if gpu in r.gpus)
-
-    def queued(self) -> list[Request]:
-        """Waiting requests in arrival order."""
-        return sorted((r for r in self.requests.values() if r.phase == QUEUED), key=lambda r: r.seq)
 
 
 def initial_state(settings: Settings, now: float = 0.0) -> State:

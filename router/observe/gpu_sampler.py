@@ -21,6 +21,7 @@ import trio
 from router.hosts.gpu_readers import GpuReading
 from router.shell.runtime import Router
 from statemachine import replica_state
+from statemachine.queries import used
 
 log = logging.getLogger("router")
 
@@ -67,7 +68,7 @@ def gpu_points(
             GpuPoint(
                 gpu=device.id,
                 budget=device.budget,
-                predicted=state.used(device.id),
+                predicted=used(state, device.id),
                 used=None if reading is None else reading.used,
                 total=None if reading is None else reading.total,
                 util=None if reading is None else reading.util,

@@ -26,6 +26,7 @@ from router.journal.records import RequestRecord
 from router.observe.gpu_sampler import GpuSampler
 from router.shell.runtime import Router
 from statemachine import KillCause, ReplicaPhase, replica_state
+from statemachine.queries import queued
 
 log = logging.getLogger("router")
 
@@ -341,8 +342,7 @@ class _StateCollector(Collector):
             "llama_router_queue_depth", "Requests waiting for a slot, by model or pool.", labels=["target"]
         )
         counts: dict[str, int] = {name: 0 for name in (*state.settings.models, *state.settings.pools)}
-        queued = state.queued()
-        for request in queued:
+        for request in queued(state):
             counts[request.target] = counts.get(request.target, 0) + 1
         for target, count in sorted(counts.items()):
             depth.add_metric([target], count)
@@ -410,8 +410,8 @@ class _StateCollector(Collector):
             gpu = str(device.id)
             if device.budget is not None:
                 budget.add_metric([gpu], device.budget)
-            predicted.add_metric([gpu], state.used(device.id))
-            residents.add_metric([gpu], len(state.residents(device.id)))
+            predicted.add_metric([gpu], used(state, device.id))
+            residents.add_metric([gpu], len(residents(state, device.id)))
             reading = readings.get(device.id)
             if reading is not None:
                 used.add_metric([gpu], reading.used)

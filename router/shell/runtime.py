@@ -70,6 +70,7 @@ from statemachine import (
     ready_replicas,
     step,
 )
+from statemachine.queries import find_replica, used
 
 log = logging.getLogger("router")
 
@@ -345,7 +346,7 @@ class Router:
         if not command.gpus:
             return None
         state = self.state
-        need = {gpu: state.used(gpu) for gpu in command.gpus}
+        need = {gpu: used(state, gpu) for gpu in command.gpus}
         planned = {gpu: state.settings.budget(gpu) for gpu in command.gpus}
         ours = self.our_pids()
         try:
@@ -372,7 +373,7 @@ class Router:
                 self.submit(ReplicaExited(replica, reason))
 
     def _model_of(self, replica: int) -> str:
-        found = self.state.replica(replica)
+        found = find_replica(self.state, replica)
         if found is not None:
             return found.model
         info = self.supervisor.info(replica)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import attrs
 
 from statemachine import (
+    DeviceSpec,
     ModelSpec,
     ModelState,
     Policy,
@@ -23,6 +24,7 @@ from statemachine import (
     serving_models,
     step,
 )
+from statemachine.queries import find_replica, queued, replicas_of, residents, used
 
 SETTINGS = Settings(
     models=[ModelSpec("a", slots=1), ModelSpec("b", slots=1), ModelSpec("c", slots=1)],
@@ -84,3 +86,22 @@ def test_queue_position_and_the_loads_a_waiting_request_waits_for() -> None:
     assert loading_for(state, 2) == []  # a is ready; nothing loads for it
     assert [r.model for r in loading_for(state, 4)] == ["b"]
     assert loading_for(state, 1) == []
+
+
+def test_replicas_residents_memory_and_the_queue_of_a_state() -> None:
+    settings = Settings(
+        models=[ModelSpec("a", need={0: 30}), ModelSpec("b", need={0: 50, 1: 20}, gpus=(0, 1))],
+        devices=[DeviceSpec(0, 100), DeviceSpec(1, 100)],
+        policy=Policy(max_models_per_gpu=2),
+    )
+    state = initial_state(settings)
+    for event in (RequestArrived(1, "a"), RequestArrived(2, "b"), RequestArrived(3, "a")):
+        state, _ = step(state, event)
+    assert [(r.id, r.model) for r in replicas_of(state, "b")] == [(2, "b")]
+    found = find_replica(state, 2)
+    assert found is not None and found.model == "b" and find_replica(state, 9) is None
+    assert residents(state, 0) == {"a", "b"} and residents(state, 1) == {"b"}
+    assert used(state, 0) == 80 and used(state, 1) == 20
+    assert [r.rid for r in queued(state)] == [1, 2, 3]
+    state, _ = step(state, ReplicaReady(1))
+    assert [r.rid for r in queued(state)] == [2, 3]  # a has one slot: request 1 took it

@@ -25,6 +25,7 @@ from statemachine import (
     Tick,
     WakeAt,
 )
+from statemachine.queries import residents, used
 from tests.support.scenario import evict, play, spawn
 
 
@@ -237,7 +238,7 @@ def test_an_exact_fit_is_loaded_beside_the_resident() -> None:
             (ReplicaExited(2, "killed"), [spawn(3, "c", 3)]),
         ],
     )
-    assert state.used(0) == 100 and state.residents(0) == {"a", "c"}
+    assert used(state, 0) == 100 and residents(state, 0) == {"a", "c"}
 
 
 # ----------------------------------------------------------------------------------------------------- age

@@ -19,6 +19,7 @@ from statemachine import (
     Tick,
     WakeAt,
 )
+from statemachine.queries import residents
 from tests.support.scenario import a_b, evict, play, spawn
 
 
@@ -137,7 +138,7 @@ def test_models_on_disjoint_gpus_are_co_resident() -> None:
             (ReplicaReady(2), [Dispatch(2, 2, "b")]),
         ],
     )
-    assert state.residents(0) == {"a"} and state.residents(1) == {"b"}
+    assert residents(state, 0) == {"a"} and residents(state, 1) == {"b"}
 
 
 # --------------------------------------------------------------------------------------------------- pools

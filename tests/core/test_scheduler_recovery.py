@@ -21,6 +21,7 @@ from statemachine import (
     run,
     step,
 )
+from statemachine.queries import queued
 
 # checks: INV-QUEUE, INV-REQUEST-HOME
 
@@ -41,7 +42,7 @@ def test_the_request_waits_again_ahead_of_later_ones_and_the_replica_takes_no_mo
         Spawn(2, "a", (0,), "request 1 for 'a'", 1),
         Kill(1, "a", "unloaded", KillCause.DRAINED),
     )
-    assert [r.rid for r in state.queued()] == [1, 2]
+    assert [r.rid for r in queued(state)] == [1, 2]
     state, commands = step(state, ReplicaReady(2))
     check(state)
     assert commands == (Dispatch(1, 2, "a"),)

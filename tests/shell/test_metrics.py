@@ -19,6 +19,7 @@ from router.observe.gpu_sampler import GpuSampler
 from router.observe.metrics import STOP_LABELS, RouterMetrics, stop_label
 from router.serve.server import build_router
 from statemachine import KillCause
+from statemachine.queries import queued, used
 from tests.support.browser import gguf_router
 from tests.support.client import chat_body, start_stream, stream
 from tests.support.harness import running_router
@@ -133,7 +134,7 @@ async def test_queue_loading_and_busy_slots_are_read_at_scrape_time(tmp_path: Pa
     models = {"slow": {"sim": {"load_delay": 1.5, "tokens": 400, "token_rate": 100.0}}}
     async with running_router(tmp_path, models) as h, trio.open_nursery() as nursery:
         pending = start_stream(nursery, h.client, chat_body("slow"))
-        await h.wait_state(lambda s: any(r.phase == "loading" for r in s.replicas) and len(s.queued()) == 1)
+        await h.wait_state(lambda s: any(r.phase == "loading" for r in s.replicas) and len(queued(s)) == 1)
         await trio.sleep(0.3)
         loading = await scrape(h.client)
         await pending.first_token.wait()
@@ -181,12 +182,12 @@ async def test_gpu_memory_gauges_use_the_predicted_needs_and_budgets(tmp_path: P
         reply = await h.client.post("/v1/chat/completions", json=chat_body("llama-8b"))
         assert reply.status_code == 200
         loaded = await scrape(h.client)
-        used = h.router.state.used(0)
+        predicted = used(h.router.state, 0)
 
     assert value(idle, "llama_router_gpu_memory_predicted_bytes", gpu="0") == 0
     assert value(idle, "llama_router_gpu_memory_budget_bytes", gpu="0") == 16 * GIB
-    assert used > GIB
-    assert value(loaded, "llama_router_gpu_memory_predicted_bytes", gpu="0") == used
+    assert predicted > GIB
+    assert value(loaded, "llama_router_gpu_memory_predicted_bytes", gpu="0") == predicted
     assert value(loaded, "llama_router_gpu_memory_predicted_bytes", gpu="1") == 0
     assert value(loaded, "llama_router_gpu_resident_models", gpu="0") == 1
     nvml = NvmlSource.open()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import trio
 
+from statemachine.queries import replicas_of
 from tests.support.client import assert_openai_error, chat_body, post_chat, start_post, start_stream, stream
 from tests.support.harness import RouterHandle, queued_for, running_router
 from tests.support.routerproc import wait_pid_gone
@@ -92,7 +93,7 @@ async def test_models_list_shows_state_gpus_aliases_and_pricing(tmp_path: Path) 
         assert before["a"]["object"] == "model" and before["a"]["parallel"] == 2
 
         pending = start_post(nursery, h.client, chat_body("alpha", max_tokens=2))
-        await h.wait_state(lambda s: any(r.phase == "loading" for r in s.replicas_of("a")))
+        await h.wait_state(lambda s: any(r.phase == "loading" for r in replicas_of(s, "a")))
         during = {m["id"]: m for m in (await h.models())["data"]}
         assert during["a"]["state"] == "loading"
         await pending.done.wait()
@@ -207,8 +208,8 @@ async def test_unload_waits_for_in_flight_work(tmp_path: Path) -> None:
         await busy.done.wait()
         assert response.status_code == 200
         assert response.json() == {"unloaded": "a", "forced": False, "replicas": [1], "waited": True}
-        assert h.router.state.replicas_of("a") == [] or all(
-            r.phase == "stopping" for r in h.router.state.replicas_of("a")
+        assert replicas_of(h.router.state, "a") == [] or all(
+            r.phase == "stopping" for r in replicas_of(h.router.state, "a")
         )
     reply = busy.stream
     assert reply.done and not reply.errors
@@ -223,7 +224,7 @@ async def test_forced_unload_stops_at_once(tmp_path: Path) -> None:
         response = await h.client.post("/unload", json={"model": "a", "force": True})
         answered = trio.current_time()
         await busy.done.wait()
-        await h.wait_state(lambda s: not s.replicas_of("a"))
+        await h.wait_state(lambda s: not replicas_of(s, "a"))
         (record,) = read_records(h.records_of("a"))
     expected = {"unloaded": "a", "forced": True, "replicas": [1], "waited": True}
     assert response.status_code == 200 and response.json() == expected

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import trio
 
+from statemachine.queries import replicas_of
 from tests.support.client import assert_openai_error, chat_body, post_chat, start_post, start_stream, stream
 from tests.support.harness import running_router
 from tests.support.routerproc import pid_alive, router_process, wait_pid_gone
@@ -31,7 +32,7 @@ async def test_a_crash_mid_stream_ends_the_stream_with_an_error_and_the_next_req
         assert "'a'" in error["message"]
         first = read_records(h.records_of("a"))
         assert len(first) == 1
-        await h.wait_state(lambda s: not s.replicas_of("a"))
+        await h.wait_state(lambda s: not replicas_of(s, "a"))
         await wait_pid_gone(first[0]["pid"])
         exits = [x for x in h.router.happenings if x.kind == "exited" and x.model == "a"]
         assert len(exits) == 1
@@ -71,7 +72,7 @@ async def test_a_replica_that_never_answers_health_fails_after_load_timeout(tmp_
         error = assert_openai_error(response, 503, "load_failed")
         assert "did not answer /health within 1.5 s" in error["message"]
         assert 1.4 < elapsed < 6.0
-        await h.wait_state(lambda s: not s.replicas_of("a"))
+        await h.wait_state(lambda s: not replicas_of(s, "a"))
         (record,) = read_records(h.records_of("a"))
         await wait_pid_gone(record["pid"])
 
@@ -82,7 +83,7 @@ async def test_a_replica_ignoring_sigterm_is_killed_after_stop_timeout(tmp_path:
     async with running_router(tmp_path, models, router=router) as h:
         assert (await post_chat(h.client, "a", max_tokens=1)).status_code == 200
         (record,) = read_records(h.records_of("a"))
-        replica = h.router.state.replicas_of("a")[0].id
+        replica = replicas_of(h.router.state, "a")[0].id
         response = await post_chat(h.client, "b", max_tokens=1)
         assert response.status_code == 200
         assert not pid_alive(record["pid"])

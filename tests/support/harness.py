@@ -25,6 +25,7 @@ from router.config.source import ConfigSource
 from router.serve.server import build_router, run_server
 from router.shell.runtime import Router
 from statemachine import State
+from statemachine.queries import queued
 from tests.support.client import wait_health
 from tests.support.simconfig import config_document, with_replica_logs, write_config
 
@@ -145,7 +146,7 @@ async def _serve(config: Config, router: Router) -> None:
 
 def queued_for(state: State, target: str) -> int:
     """How many requests for ``target`` wait in the scheduler's queue."""
-    return sum(1 for r in state.queued() if r.target == target)
+    return sum(1 for r in queued(state) if r.target == target)
 
 
 def inflight_of(state: State, model: str) -> int:
