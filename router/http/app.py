@@ -29,8 +29,7 @@ from router.http.tokens import exact_prompt_tokens, prompt_upper_bound, requeste
 from router.observe.status import models_document, named_entry, replica_log, status_document
 from router.shell.reload import reload_config
 from router.shell.runtime import Router
-from statemachine import ReplicaPhase, serving_models
-from statemachine.queries import find_replica
+from statemachine import ReplicaPhase, queries, serving_models
 
 FORWARDED = (
     "/v1/chat/completions",
@@ -274,7 +273,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
         )
         router.unload(model, force)
         if wait:
-            await router.wait_until(lambda s: not any(find_replica(s, i) is not None for i in asked))
+            await router.wait_until(lambda s: not any(queries.find_replica(s, i) is not None for i in asked))
         doc = {"unloaded": model or "all", "forced": force, "replicas": asked, "waited": wait}
         return Response(json.dumps(doc), content_type="application/json")
 

@@ -38,7 +38,7 @@ from router.journal.records import RequestRecord
 from router.observe.gpu_sampler import GpuSampler
 from router.observe.metrics import CONTENT_TYPE, RouterMetrics
 from router.shell.runtime import Router
-from statemachine.queries import queued
+from statemachine import queries
 
 STATIC = Path(__file__).resolve().with_name("static")
 _FILES = {
@@ -188,7 +188,7 @@ def register_dash(
             now = trio.current_time()
             doc["queue"] = [  # ages as of now (the state's clock only moves with events)
                 {"id": q.rid, "target": q.target, "age_s": round(now - q.arrived, 3), "tokens": q.tokens}
-                for q in queued(router.state)
+                for q in queries.queued(router.state)
             ]
             return _json(doc)
         if name not in _FILES or name == "dash.html":

@@ -20,8 +20,7 @@ import trio
 
 from router.hosts.gpu_readers import GpuReading
 from router.shell.runtime import Router
-from statemachine import replica_state
-from statemachine.queries import used
+from statemachine import queries, replica_state
 
 log = logging.getLogger("router")
 
@@ -68,7 +67,7 @@ def gpu_points(
             GpuPoint(
                 gpu=device.id,
                 budget=device.budget,
-                predicted=used(state, device.id),
+                predicted=queries.used(state, device.id),
                 used=None if reading is None else reading.used,
                 total=None if reading is None else reading.total,
                 util=None if reading is None else reading.util,

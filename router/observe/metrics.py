@@ -25,8 +25,7 @@ from router.journal.history import History
 from router.journal.records import RequestRecord
 from router.observe.gpu_sampler import GpuSampler
 from router.shell.runtime import Router
-from statemachine import KillCause, ReplicaPhase, replica_state
-from statemachine.queries import queued
+from statemachine import KillCause, ReplicaPhase, queries, replica_state
 
 log = logging.getLogger("router")
 
@@ -342,12 +341,13 @@ class _StateCollector(Collector):
             "llama_router_queue_depth", "Requests waiting for a slot, by model or pool.", labels=["target"]
         )
         counts: dict[str, int] = {name: 0 for name in (*state.settings.models, *state.settings.pools)}
-        for request in queued(state):
+        waiting = queries.queued(state)
+        for request in waiting:
             counts[request.target] = counts.get(request.target, 0) + 1
         for target, count in sorted(counts.items()):
             depth.add_metric([target], count)
         yield depth
-        oldest = max((now - r.arrived for r in queued), default=0.0)
+        oldest = max((now - r.arrived for r in waiting), default=0.0)
         yield GaugeMetricFamily(
             "llama_router_queue_oldest_age_seconds",
             "Age of the oldest waiting request (0 when none waits).",
@@ -410,8 +410,8 @@ class _StateCollector(Collector):
             gpu = str(device.id)
             if device.budget is not None:
                 budget.add_metric([gpu], device.budget)
-            predicted.add_metric([gpu], used(state, device.id))
-            residents.add_metric([gpu], len(residents(state, device.id)))
+            predicted.add_metric([gpu], queries.used(state, device.id))
+            residents.add_metric([gpu], len(queries.residents(state, device.id)))
             reading = readings.get(device.id)
             if reading is not None:
                 used.add_metric([gpu], reading.used)

@@ -10,8 +10,7 @@ import trio
 
 from router.config.load import Config, resolve_name
 from router.shell.runtime import Router
-from statemachine import ModelState, model_state, replica_state
-from statemachine.queries import queued, residents, used
+from statemachine import ModelState, model_state, queries, replica_state
 
 LOG_TAIL_BYTES = 1 << 20  # most of a replica's log file that /logs/{replica} sends
 
@@ -26,8 +25,8 @@ def gpu_entry(router: Router, gpu: int) -> dict[str, Any]:
         "name": measured.reading.name if measured else None,
         "bus_id": measured.reading.bus_id if measured else None,
         "budget_bytes": budget,
-        "used_bytes": used(state, gpu),
-        "residents": sorted(residents(state, gpu)),
+        "used_bytes": queries.used(state, gpu),
+        "residents": sorted(queries.residents(state, gpu)),
         "max_models": state.settings.policy.max_models_per_gpu,
         "measured": None,
     }
@@ -107,7 +106,7 @@ def named_entry(config: Config, router: Router, name: str) -> dict[str, Any] | N
 def status_document(config: Config, router: Router) -> dict[str, Any]:
     state = router.state
     now = max(state.now, trio.current_time())  # the scheduler's clock only moves with events
-    waiting = queued(state)
+    waiting = queries.queued(state)
     replicas = []
     for r in state.replicas:
         info = router.supervisor.info(r.id)

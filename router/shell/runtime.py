@@ -66,11 +66,11 @@ from statemachine import (
     WakeAt,
     initial_state,
     loading_for,
+    queries,
     queue_position,
     ready_replicas,
     step,
 )
-from statemachine.queries import find_replica, used
 
 log = logging.getLogger("router")
 
@@ -346,7 +346,7 @@ class Router:
         if not command.gpus:
             return None
         state = self.state
-        need = {gpu: used(state, gpu) for gpu in command.gpus}
+        need = {gpu: queries.used(state, gpu) for gpu in command.gpus}
         planned = {gpu: state.settings.budget(gpu) for gpu in command.gpus}
         ours = self.our_pids()
         try:
@@ -373,7 +373,7 @@ class Router:
                 self.submit(ReplicaExited(replica, reason))
 
     def _model_of(self, replica: int) -> str:
-        found = find_replica(self.state, replica)
+        found = queries.find_replica(self.state, replica)
         if found is not None:
             return found.model
         info = self.supervisor.info(replica)
