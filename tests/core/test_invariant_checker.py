@@ -1,0 +1,149 @@
+"""``statemachine.check`` itself: each state invariant fires on a state broken on purpose, and only there.
+
+The scheduler's tests feed ``check()`` the states ``step()`` produces, which are correct, so a check that
+stopped firing would go unnoticed there; here every check is shown a state that violates it (and, where a
+boundary matters, one that just satisfies it)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from pyrsistent import pmap, pset, pvector
+
+from statemachine import (
+    DeviceSpec,
+    InvariantViolation,
+    ModelSpec,
+    Policy,
+    ReplicaReady,
+    RequestArrived,
+    Settings,
+    ShutdownRequested,
+    State,
+    UnloadRequested,
+    check,
+    initial_state,
+    step,
+)
+from statemachine.fifo import Fifo
+from statemachine.state import ReplicaIndex
+
+SETTINGS = Settings(
+    models=[ModelSpec("a", slots=2, need={0: 40}), ModelSpec("b", need={0: 60})],
+    devices=[DeviceSpec(0, 100)],
+    policy=Policy(max_models_per_gpu=2),
+)
+
+
+def base() -> State:
+    """Replica 1 of a is ready with requests 1 and 2 in flight; request 3 waits for a free slot."""
+    state = initial_state(SETTINGS)
+    for event in (RequestArrived(1, "a"), ReplicaReady(1), RequestArrived(2, "a"), RequestArrived(3, "a")):
+        state, _ = step(state, event)
+    check(state)
+    (replica,) = state.replicas
+    assert replica.inflight == {1, 2} and state.waiting == 1
+    return state
+
+
+def with_replica(state: State, **changes: object) -> State:
+    (replica,) = state.replicas
+    return attrs.evolve(state, replicas=(attrs.evolve(replica, **changes),))
+
+
+def fails(state: State, inv: str, words: str) -> None:
+    with pytest.raises(InvariantViolation) as caught:
+        check(state)
+    assert str(caught.value).startswith(f"{inv}: ") and words in str(caught.value), str(caught.value)
+
+
+def test_cap_and_budget() -> None:
+    state = base()
+    (a,) = state.replicas
+    b = attrs.evolve(a, id=2, model="b", inflight=pset())
+    both = attrs.evolve(state, replicas=(a, b))
+    check(both)  # 40 + 60 = 100 fits exactly; two models under a cap of two
+    fails(
+        attrs.evolve(both, settings=attrs.evolve(SETTINGS, policy=Policy(max_models_per_gpu=1))),
+        "INV-CAP",
+        "cap 1",
+    )
+    over = attrs.evolve(SETTINGS, devices=[DeviceSpec(0, 99)])
+    fails(attrs.evolve(both, settings=over), "INV-BUDGET", "uses 100 bytes of 99")
+
+
+def test_replica_ids_slots_phase_and_gpus() -> None:
+    state = base()
+    (a,) = state.replicas
+    fails(attrs.evolve(state, replicas=(a, a)), "INV-IDS", "share an id")
+    fails(with_replica(state, inflight=a.inflight.add(3)), "INV-SLOTS", "3 in flight, 2 slots")
+    fails(with_replica(state, phase="loading"), "INV-READY", "is loading with requests in flight")
+    fails(with_replica(state, phase="stopping"), "INV-KILL-IDLE", "killed with requests in flight")
+    check(with_replica(state, phase="stopping", forced=True))
+    fails(with_replica(state, gpus=(1,)), "INV-GPUS", "runs on (1,)")
+
+
+def test_every_request_has_one_home() -> None:
+    state = base()
+    (a,) = state.replicas
+    fails(with_replica(state, inflight=a.inflight.remove(2).add(9)), "INV-REQUEST-HOME", "holds request 9")
+    moved = attrs.evolve(state.requests[1], replica=7)
+    fails(attrs.evolve(state, requests=state.requests.set(1, moved)), "INV-REQUEST-HOME", "holds request 1")
+    named = attrs.evolve(state.requests[3], replica=1)
+    fails(attrs.evolve(state, requests=state.requests.set(3, named)), "INV-REQUEST-HOME", "queued request 3")
+    orphan = with_replica(state, inflight=a.inflight.remove(2))
+    fails(orphan, "INV-REQUEST-HOME", "request 2 is inflight but no replica holds it")
+
+
+def test_queues_agree_with_the_requests() -> None:
+    state = base()
+    fails(attrs.evolve(state, waiting=2), "INV-QUEUE", "count says 2")
+    fifo = state.queues["a"]
+    fails(
+        attrs.evolve(state, queues=state.queues.set("a", attrs.evolve(fifo, count=2))),
+        "INV-QUEUE",
+        "counts 2",
+    )
+    dead_head = Fifo(pvector([1, 3]), 0, 1)  # request 1 runs: it is not live, yet it is the head
+    fails(attrs.evolve(state, queues=state.queues.set("a", dead_head)), "INV-QUEUE", "dead head")
+    elsewhere = attrs.evolve(state, queues=pmap({"b": fifo}))
+    fails(elsewhere, "INV-QUEUE", "sits in the queue of b")
+    fails(attrs.evolve(state, queues=pmap()), "INV-QUEUE", "1 requests are queued but 0 are in queues")
+
+
+def test_queue_order_and_shutdown() -> None:
+    state = initial_state(SETTINGS)
+    for event in (RequestArrived(1, "b"), RequestArrived(2, "b"), RequestArrived(3, "b")):
+        state, _ = step(state, event)
+    check(state)
+    swapped = Fifo(pvector([3, 2]), 0, 2)  # 1 is waiting too; keep the test about order only
+    only_two = state.requests.remove(1)
+    fails(
+        attrs.evolve(state, requests=only_two, waiting=2, queues=state.queues.set("b", swapped)),
+        "INV-QUEUE",
+        "out of arrival order",
+    )
+    fails(attrs.evolve(state, shutting_down=True), "INV-SHUTDOWN", "3 requests still wait")
+
+
+def test_retired_replicas_take_no_work() -> None:
+    state = base()
+    kept = attrs.evolve(state, retired=pmap({1: SETTINGS.models["a"]}))
+    fails(kept, "INV-RETIRED", "retired replica 1")
+    check(with_replica(kept, draining=True))
+    fails(attrs.evolve(state, retired=pmap({5: SETTINGS.models["a"]})), "INV-RETIRED", "retired replica 5")
+    drained, _ = step(state, UnloadRequested("a"))
+    check(drained)
+    stopping, _ = step(base(), ShutdownRequested(0.0))
+    check(stopping)
+
+
+def test_the_step_cache_must_match_the_replicas() -> None:
+    state = base()
+    index = state.index
+    assert index is not None and index.valid_for(state)
+    bad_models = attrs.evolve(index, by_model={"a": (1, 2)})
+    fails(attrs.evolve(state, index=bad_models), "INV-INDEX", "replicas by model")
+    bad_memo = ReplicaIndex(state.replicas, state.settings, dict(index.by_model), {"a": (True, 1)})
+    fails(attrs.evolve(state, index=bad_memo), "INV-INDEX", "model a cached as (True, 1), is (False, 1)")
+    check(attrs.evolve(state, index=ReplicaIndex(state.replicas, state.settings, dict(index.by_model), {})))
