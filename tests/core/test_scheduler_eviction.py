@@ -329,3 +329,34 @@ def test_fifo_age_starts_again_when_a_model_comes_back() -> None:
         ],
     )
     assert dict(state.loaded_at) == {"a": 3.0, "c": 2.0}
+
+
+def test_a_request_behind_an_earlier_claim_neither_evicts_nor_holds_other_gpus() -> None:
+    """b's request claims GPU 0 at t = 2 (a is busy there). c spans GPUs 0 and 1: it waits behind that claim,
+    and until its own claim (t = 3) it holds neither GPU, so d on GPU 1 keeps serving; at its claim it still
+    evicts nothing, since it could not load before b anyway."""
+    # checks: INV-EVICT-NEED INV-ORDER
+    settings = Settings(
+        models=[ModelSpec("a"), ModelSpec("b"), ModelSpec("c", gpus=(0, 1)), ModelSpec("d", gpus=(1,))],
+        policy=Policy(queue_head_grace=2.0),
+    )
+    play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (RequestArrived(2, "d"), [spawn(2, "d", 2, gpus=(1,))]),
+            (ReplicaReady(2), [Dispatch(2, 2, "d")]),
+            (RequestFinished(2), []),
+            (RequestArrived(3, "b"), [WakeAt(2.0)]),
+            (Tick(1.0), []),
+            (RequestArrived(4, "c"), []),
+            (Tick(2.0), [WakeAt(3.0)]),  # b claims GPU 0; c's claim is due at 3
+            (Tick(2.5), []),
+            (RequestArrived(5, "d"), [Dispatch(5, 2, "d")]),  # GPU 1 is not held by the waiting c
+            (RequestFinished(5), []),
+            (Tick(3.0), []),  # c claims, but behind b: d is not evicted for it
+            (RequestFinished(1), [evict(1, "a", "b")]),
+            (ReplicaExited(1, "killed"), [spawn(3, "b", 3)]),
+        ],
+    )
