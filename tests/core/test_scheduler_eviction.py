@@ -333,8 +333,8 @@ def test_fifo_age_starts_again_when_a_model_comes_back() -> None:
 
 def test_a_request_behind_an_earlier_claim_neither_evicts_nor_holds_other_gpus() -> None:
     """b's request claims GPU 0 at t = 2 (a is busy there). c spans GPUs 0 and 1: it waits behind that claim,
-    and until its own claim (t = 3) it holds neither GPU, so d on GPU 1 keeps serving; at its claim it still
-    evicts nothing, since it could not load before b anyway."""
+    and until its own claim (t = 3) it holds neither GPU, so d on GPU 1 keeps serving; at its claim it evicts
+    nothing, since it cannot load before b anyway, but from then on it holds GPU 1 against later requests."""
     # checks: INV-EVICT-NEED INV-ORDER
     settings = Settings(
         models=[ModelSpec("a"), ModelSpec("b"), ModelSpec("c", gpus=(0, 1)), ModelSpec("d", gpus=(1,))],
@@ -356,6 +356,7 @@ def test_a_request_behind_an_earlier_claim_neither_evicts_nor_holds_other_gpus()
             (RequestArrived(5, "d"), [Dispatch(5, 2, "d")]),  # GPU 1 is not held by the waiting c
             (RequestFinished(5), []),
             (Tick(3.0), []),  # c claims, but behind b: d is not evicted for it
+            (RequestArrived(6, "d"), []),  # from its claim on, c holds GPU 1 as well
             (RequestFinished(1), [evict(1, "a", "b")]),
             (ReplicaExited(1, "killed"), [spawn(3, "b", 3)]),
         ],
