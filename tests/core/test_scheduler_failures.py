@@ -249,3 +249,56 @@ def test_load_failure_keeps_waiters_while_another_replica_loads() -> None:
             (ReplicaReady(2), [Dispatch(1, 2, "a")]),
         ],
     )
+
+
+def test_a_model_pinned_residents_leave_no_room_for_is_refused_with_the_pinned_ones_named() -> None:
+    """Cap 1: pinned p holds GPU 0, so x can never load; the answer names p (not q, pinned on GPU 1), and a
+    pool of x and y names its first member."""
+    # checks: INV-UNSERVABLE INV-ANSWER
+    settings = Settings(
+        models=[
+            ModelSpec("p", pinned=True),
+            ModelSpec("q", gpus=(1,), pinned=True),
+            ModelSpec("x"),
+            ModelSpec("y"),
+        ],
+        pools=[PoolSpec("xy", ("x", "y"), fallback=True)],
+    )
+    message = (
+        "model 'x' cannot be loaded on GPU 0: pinned model(s) p hold GPU 0 (max_models_per_gpu = 1); "
+        "unpin them or give 'x' other GPUs"
+    )
+    play(
+        settings,
+        [
+            (Startup(), [Spawn(1, "p", (0,), "load on startup"), Spawn(2, "q", (1,), "load on startup")]),
+            (ReplicaReady(1), []),
+            (ReplicaReady(2), []),
+            (RequestArrived(1, "x"), [Reject(1, 503, "model_unavailable", message)]),
+            (RequestArrived(2, "xy"), [Reject(2, 503, "model_unavailable", message)]),
+        ],
+    )
+
+
+def test_a_model_too_big_beside_the_pinned_ones_is_refused_for_memory() -> None:
+    # checks: INV-UNSERVABLE INV-ANSWER
+    settings = Settings(
+        models=[
+            ModelSpec("r", gpus=(1,), pinned=True, need={1: 40}),
+            ModelSpec("big", gpus=(1,), need={1: 80}),
+        ],
+        devices=[DeviceSpec(1, 100)],
+        policy=Policy(max_models_per_gpu=2),
+    )
+    message = (
+        "model 'big' cannot be loaded on GPU 1: its memory need exceeds what the GPU budget leaves beside "
+        "pinned models; choose a smaller quant or context"
+    )
+    play(
+        settings,
+        [
+            (Startup(), [Spawn(1, "r", (1,), "load on startup")]),
+            (ReplicaReady(1), []),
+            (RequestArrived(1, "big"), [Reject(1, 503, "model_unavailable", message)]),
+        ],
+    )
