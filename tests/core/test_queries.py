@@ -105,3 +105,15 @@ def test_replicas_residents_memory_and_the_queue_of_a_state() -> None:
     assert [r.rid for r in queued(state)] == [1, 2, 3]
     state, _ = step(state, ReplicaReady(1))
     assert [r.rid for r in queued(state)] == [2, 3]  # a has one slot: request 1 took it
+
+
+def test_only_a_waiting_request_waits_for_loads() -> None:
+    settings = Settings(models=[ModelSpec("a", replicas=2)])
+    state = initial_state(settings)
+    for event in (RequestArrived(1, "a"), ReplicaReady(1), RequestArrived(2, "a")):
+        state, _ = step(state, event)
+    assert [r.phase for r in state.replicas] == ["ready", "loading"]
+    assert state.requests[1].phase == "inflight"
+    assert loading_for(state, 1) == []  # running on replica 1 while replica 2 still loads
+    assert [r.id for r in loading_for(state, 2)] == [2]
+    assert loading_for(state, 99) == [] and queue_position(state, 99) is None
