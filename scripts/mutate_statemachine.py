@@ -9,6 +9,8 @@ with file, line and the edit, to be killed by a new test or recorded in property
 
     python3 scripts/mutate_statemachine.py                 # every mutant, one job per core
     python3 scripts/mutate_statemachine.py --limit 40      # a seeded sample of 40
+    python3 scripts/mutate_statemachine.py --survivors outputs/mutation-report.json --out outputs/again.json
+                                                           # only the survivors of an earlier run
 """
 
 from __future__ import annotations
@@ -187,6 +189,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=0.0, help="seconds per mutant (0: 4 x baseline)")
     parser.add_argument("--file", action="append", default=[], help="only these statemachine modules")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "mutation-report.json")
+    parser.add_argument(
+        "--survivors", type=Path, help="run only the mutants a previous report lists as survivors"
+    )
     args = parser.parse_args()
 
     files = sorted(PACKAGE.glob("*.py"))
@@ -194,6 +199,9 @@ def main() -> int:
         files = [f for f in files if f.name in args.file or f.stem in args.file]
     mutants = enumerate_mutants(files)
     total = len(mutants)
+    if args.survivors is not None:
+        keys = {str(r["key"]) for r in json.loads(args.survivors.read_text())["survived"]}
+        mutants = [m for m in mutants if m.key in keys]
     if args.limit and args.limit < total:
         mutants = sorted(random.Random(args.seed).sample(mutants, args.limit), key=lambda m: m.key)
     print(
