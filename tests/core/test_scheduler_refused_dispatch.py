@@ -134,3 +134,26 @@ def test_refused_dispatches_keep_their_arrival_places() -> None:
             (RequestFinished(1), [Dispatch(5, 2, "a")]),
         ],
     )
+
+
+def test_a_refused_dispatch_of_a_removed_pool_still_drains_the_replica_that_refused() -> None:
+    """The pool p goes in a reload but its member a stays: the refused request is answered 404, and the
+    replica that refused the connection takes no more work, so the next request for a gets a new one."""
+    # checks: INV-REDISPATCH INV-ANSWER
+    old = Settings(models=[ModelSpec("a", slots=2)], pools=[PoolSpec("p", ("a",))])
+    removed = "'p' was removed from the configuration and its replica refused the request"
+    play(
+        old,
+        [
+            (RequestArrived(1, "p"), [spawn(1, "a", 1, "p")]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (SettingsChanged(Settings(models=[ModelSpec("a", slots=2)])), []),
+            (
+                DispatchFailed(1, "connection refused"),
+                [Reject(1, 404, "model_not_found", removed), Kill(1, "a", "unloaded", KillCause.DRAINED)],
+            ),
+            (RequestArrived(2, "a"), [spawn(2, "a", 2)]),
+            (ReplicaExited(1, "killed"), []),
+            (ReplicaReady(2), [Dispatch(2, 2, "a")]),
+        ],
+    )
