@@ -302,3 +302,57 @@ def test_a_model_too_big_beside_the_pinned_ones_is_refused_for_memory() -> None:
             (RequestArrived(1, "big"), [Reject(1, 503, "model_unavailable", message)]),
         ],
     )
+
+
+def test_too_long_for_every_pool_member_names_the_largest_context() -> None:
+    """The 400 names the largest per-slot context among the members that could serve (not the smallest, not a
+    refused member's)."""
+    # checks: INV-ADMISSION INV-ANSWER
+    settings = Settings(
+        models=[
+            ModelSpec("small", ctx_per_slot=1024),
+            ModelSpec("large", ctx_per_slot=8192),
+            ModelSpec("gone", ctx_per_slot=65536, refusal="placement: does not fit"),
+        ],
+        pools=[PoolSpec("p", ("small", "large", "gone"), fallback=True)],
+        policy=Policy(max_models_per_gpu=2),
+    )
+    message = (
+        "the request needs 9000 tokens but the largest per-slot context of 'p' is 8192 tokens "
+        "(ctx / parallel); shorten the prompt or max_tokens, or raise the model's ctx"
+    )
+    play(
+        settings,
+        [(RequestArrived(1, "p", tokens=9000), [Reject(1, 400, "context_length_exceeded", message)])],
+    )
+
+
+def test_a_model_without_a_stated_need_takes_no_memory_beside_a_full_one() -> None:
+    """a fills GPU 0's 100 bytes exactly; b states no need there, so it loads beside a."""
+    # checks: INV-LOAD-FITS
+    settings = Settings(
+        models=[ModelSpec("a", need={0: 100}), ModelSpec("b")],
+        devices=[DeviceSpec(0, 100)],
+        policy=Policy(max_models_per_gpu=2),
+    )
+    assert ModelSpec("b").need_on(0) == 0
+    play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (RequestArrived(2, "b"), [spawn(2, "b", 2)]),
+        ],
+    )
+
+
+def test_the_policy_defaults_are_the_documented_ones() -> None:
+    """The same defaults as the router's configuration keys (router/config/schema.py); the router always
+    passes its configured values, so only a test of the scheduler alone can pin these."""
+    assert Policy() == Policy(
+        max_models_per_gpu=1,
+        eviction="lru",
+        queue_head_grace=0.0,
+        queue_force_load_timeout=300.0,
+        queue_limit=1000,
+        routing_queue_limit=32,
+    )
