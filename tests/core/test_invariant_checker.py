@@ -15,8 +15,10 @@ from statemachine import (
     InvariantViolation,
     ModelSpec,
     Policy,
+    ReplicaExited,
     ReplicaReady,
     RequestArrived,
+    RequestFinished,
     Settings,
     ShutdownRequested,
     State,
@@ -147,3 +149,14 @@ def test_the_step_cache_must_match_the_replicas() -> None:
     bad_memo = ReplicaIndex(state.replicas, state.settings, dict(index.by_model), {"a": (True, 1)})
     fails(attrs.evolve(state, index=bad_memo), "INV-INDEX", "model a cached as (True, 1), is (False, 1)")
     check(attrs.evolve(state, index=ReplicaIndex(state.replicas, state.settings, dict(index.by_model), {})))
+
+
+def test_a_state_without_its_step_cache_steps_the_same() -> None:
+    """The cache ``step()`` carries is an optimisation: a state that lost it (built elsewhere, or restored)
+    gives the same commands and the same next state."""
+    state = base()
+    bare = attrs.evolve(state, index=None)
+    for event in (RequestFinished(1), ReplicaExited(1, "crashed"), RequestArrived(4, "b")):
+        with_cache, commands = step(state, event)
+        without, bare_commands = step(bare, event)
+        assert bare_commands == commands and without == with_cache

@@ -361,3 +361,27 @@ def test_a_request_behind_an_earlier_claim_neither_evicts_nor_holds_other_gpus()
             (ReplicaExited(1, "killed"), [spawn(3, "b", 3)]),
         ],
     )
+
+
+def test_a_model_never_used_ages_from_its_load() -> None:
+    """a was loaded at startup and never asked for; b served a request that ended at t = 2. For c, lru takes
+    a: its age is its load time (t = 0), older than b's last use."""
+    # checks: INV-VICTIM
+    settings = Settings(
+        models=[ModelSpec("a", load_on_startup=True), ModelSpec("b"), ModelSpec("c")],
+        policy=Policy(max_models_per_gpu=2),
+    )
+    play(
+        settings,
+        [
+            (Startup(), [Spawn(1, "a", (0,), "load on startup")]),
+            (ReplicaReady(1), []),
+            (Tick(1.0), []),
+            (RequestArrived(1, "b"), [spawn(2, "b", 1)]),
+            (ReplicaReady(2), [Dispatch(1, 2, "b")]),
+            (Tick(2.0), []),
+            (RequestFinished(1), []),
+            (Tick(3.0), []),
+            (RequestArrived(2, "c"), [evict(1, "a", "c")]),
+        ],
+    )
