@@ -356,3 +356,22 @@ def test_the_policy_defaults_are_the_documented_ones() -> None:
         queue_limit=1000,
         routing_queue_limit=32,
     )
+
+
+def test_a_target_whose_every_candidate_is_refused_is_answered_with_the_refusals() -> None:
+    # checks: INV-UNSERVABLE INV-ANSWER
+    too_big, row_split = (
+        "a: needs 30 GiB on GPU 0, which has 24",
+        "b: row split over several GPUs is not modelled",
+    )
+    settings = Settings(
+        models=[ModelSpec("a", refusal=too_big), ModelSpec("b", refusal=row_split)],
+        pools=[PoolSpec("p", ("a", "b"), fallback=True)],
+    )
+    play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [Reject(1, 503, "model_unavailable", too_big)]),
+            (RequestArrived(2, "p"), [Reject(2, 503, "model_unavailable", f"{too_big}; {row_split}")]),
+        ],
+    )
