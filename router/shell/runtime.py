@@ -182,7 +182,7 @@ class Router:
         second call changes nothing. A client gone from a request in flight is reported only now, after the
         handler closed its upstream exchange, so the scheduler may give the slot to the next request."""
         was = ticket.phase
-        if was is TicketPhase.FINISHED or self.tickets.get(ticket.rid) is not ticket:
+        if was is TicketPhase.FINISHED:
             return
         ticket.phase = TicketPhase.FINISHED
         self._record(ticket, completed)
