@@ -18,7 +18,7 @@ from statemachine import (
     Tick,
     step,
 )
-from tests.support.fake_supervisor import ask, owned_router, settle
+from tests.support.fake_supervisor import ask, dispatched, owned_router, settle
 
 MODELS = {"a": {}}
 
@@ -66,10 +66,7 @@ async def test_handler_events_for_a_request_the_scheduler_let_go_are_dropped(
 ) -> None:
     async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
         router, sup = owned.router, owned.supervisor
-        ticket = ask(router, "a")
-        await settle()
-        sup.ready(1)
-        await ticket.decided.wait()
+        ticket = await dispatched(owned)
         sup.exit(1, returncode=-9)  # the replica crashed with the request in flight
         await settle()
         assert ticket.rid not in router.state.requests
@@ -101,15 +98,12 @@ async def test_production_mode_logs_the_refusal_and_goes_on(
     tmp_path: Path, launcher: Path, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     async with owned_router(tmp_path, MODELS, launcher=launcher, strict=False) as owned:
-        router, sup = owned.router, owned.supervisor
+        router = owned.router
         state = router.state
         with caplog.at_level(logging.ERROR, logger="router"):
             router.submit(ReplicaReady(7))
             await settle()
         assert router.state is state
         assert "scheduler refused an event: ReplicaReady for replica 7" in caplog.text
-        ticket = ask(router, "a")  # and it still serves
-        await settle()
-        sup.ready(1)
-        await ticket.decided.wait()
+        ticket = await dispatched(owned)  # and it still serves
         assert ticket.dispatch is not None

@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from router.shell.ticket import TicketPhase
-from tests.support.fake_supervisor import ask, owned_router, settle
+from tests.support.fake_supervisor import ask, dispatched, owned_router, settle
 
 MODELS = {"a": {}}
 
@@ -56,10 +56,7 @@ async def test_a_replica_that_exits_under_a_request_fails_it_after_dispatch(
 ) -> None:
     async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
         router, sup = owned.router, owned.supervisor
-        ticket = ask(router, "a")
-        await settle()
-        sup.ready(1)
-        await ticket.decided.wait()
+        ticket = await dispatched(owned)
         dispatch = ticket.dispatch
         sup.exit(1, returncode=-11)
         await settle()
@@ -83,10 +80,7 @@ async def test_a_handler_finishing_as_its_replica_exits_is_let_go_once(
 ) -> None:
     async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
         router, sup = owned.router, owned.supervisor
-        ticket = ask(router, "a")
-        await settle()
-        sup.ready(1)
-        await ticket.decided.wait()
+        ticket = await dispatched(owned)
         # Both reach the channel before the owner runs: the exit first, then the handler's RequestFinished.
         sup.exit(1, returncode=1)
         router.finish(ticket, completed=True)
@@ -100,10 +94,7 @@ async def test_a_refused_connection_sends_the_request_to_another_replica(
 ) -> None:
     async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
         router, sup = owned.router, owned.supervisor
-        ticket = ask(router, "a")
-        await settle()
-        sup.ready(1)
-        await ticket.decided.wait()
+        ticket = await dispatched(owned)
         first = ticket.decided
         router.redispatch(ticket, "connection refused")
         assert ticket.dispatch is None and ticket.port is None and ticket.decided is not first
@@ -128,10 +119,7 @@ async def test_a_redispatch_after_the_replica_exited_gets_the_exit_as_its_answer
 ) -> None:
     async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
         router, sup = owned.router, owned.supervisor
-        ticket = ask(router, "a")
-        await settle()
-        sup.ready(1)
-        await ticket.decided.wait()
+        ticket = await dispatched(owned)
         # The connection was refused because the process was already gone; its exit is reported first.
         sup.exit(1, returncode=-9)
         router.redispatch(ticket, "connection refused")

@@ -210,6 +210,15 @@ async def settle() -> None:
     await trio.testing.wait_all_tasks_blocked()
 
 
+async def dispatched(owned: Owned, target: str = "a") -> Ticket:
+    """Ask for ``target``, report its first replica ready, and return the ticket once it is dispatched."""
+    ticket = ask(owned.router, target)
+    await settle()
+    owned.supervisor.ready(owned.supervisor.spawns[-1].replica_id)
+    await ticket.decided.wait()
+    return ticket
+
+
 @contextlib.asynccontextmanager
 async def owned_router(
     dir: Path,
