@@ -201,7 +201,7 @@ def _router(doc: Doc, table: Mapping[str, Any], env: Mapping[str, str]) -> Route
     for spec in ROUTER_KEYS:
         raw = table.get(spec.name)
         values[spec.name] = spec.default if raw is None else doc.check("router", spec, raw)
-    for name in ("api_keys_file", "history_db", "replica_logs"):
+    for name in ("api_keys_file", "history_db", "replica_logs", "kv_store_dir"):
         if values[name] is not None:
             values[name] = doc.path_value(values[name])
     binary = values["llama_server"]
@@ -216,6 +216,8 @@ def _router(doc: Doc, table: Mapping[str, Any], env: Mapping[str, str]) -> Route
         values["history_db"] = default_history_db(doc.path, env)
     if values["replica_logs"] is None:
         values["replica_logs"] = default_state_dir(env) / "logs"
+    if values["kv_store_dir"] is None:
+        values["kv_store_dir"] = default_state_dir(env) / "kv"
     values["api_keys"] = _unique(values["api_keys"])
     for name, problem, canonical in (
         ("cors_origins", origin_entry_problem, canonical_origin_entry),

@@ -277,6 +277,39 @@ ROUTER_KEYS: tuple[KeySpec, ...] = (
         "one) and started afresh.",
         1,
     ),
+    KeySpec(
+        "kv_store",
+        BOOLEAN,
+        True,
+        "Keep prompt caches across swaps: before an idle replica is stopped (eviction, ttl, unload, reload, "
+        "shutdown) the router asks it to save its slots' KV state to `kv_store_dir`, and a new replica of "
+        "the same model file and cache flags gets the state that shares the longest prefix with the "
+        "request that loads it. false: never save or restore (a model can opt out with its own `kv_store`).",
+        env="ROUTER_KV_STORE",
+    ),
+    KeySpec(
+        "kv_store_dir",
+        PATH,
+        None,
+        "Directory of the saved KV states, one folder per model file and cache-affecting flags.",
+        default_text="$XDG_STATE_HOME/llama-router/kv (~/.local/state/llama-router/kv)",
+    ),
+    KeySpec(
+        "kv_store_mib",
+        INTEGER,
+        8192,
+        "Most MiB of disk the saved KV states take; beyond it the least recently used states go first.",
+        0,
+    ),
+    KeySpec(
+        "kv_store_timeout",
+        NUMBER,
+        5.0,
+        "Most seconds saving a replica's slots may delay its stop (and so a swap), and most seconds "
+        "restoring a state may delay a new replica's first request. A save or restore that takes longer is "
+        "abandoned: the model just starts cold.",
+        0,
+    ),
 )
 
 DEVICE_KEYS: tuple[KeySpec, ...] = (
@@ -345,6 +378,13 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
         default_text="never",
     ),
     KeySpec("load_on_startup", BOOLEAN, False, "Start a replica when the router starts."),
+    KeySpec(
+        "kv_store",
+        BOOLEAN,
+        True,
+        "Save this model's slots before its replicas stop and restore them when it returns (see the "
+        "router's `kv_store`, which turns it off for every model).",
+    ),
     KeySpec(
         "pricing",
         PRICING_TYPE,

@@ -101,6 +101,7 @@ class ModelConfig:
     pinned: bool = False
     ttl: float | None = None
     load_on_startup: bool = False
+    kv_store: bool = True
     pricing: Pricing | None = None
     reasoning_effort: ReasoningEffort | None = None
     extra_args: tuple[tuple[str, FlagValue], ...] = attrs.field(default=(), converter=_tuple)
@@ -127,7 +128,7 @@ class RouterSettings:
     ``api_keys`` holds the keys from the file or ROUTER_API_KEYS; the keys in ``api_keys_file`` are read
     by ``router.config.load.read_api_keys``. ``cors_origins`` and ``allowed_hosts`` are in canonical form
     (lower case; origins without a default port), as ``router.http.browser_guard`` compares them.
-    ``history_db`` and ``replica_logs`` are always concrete paths.
+    ``history_db``, ``replica_logs`` and ``kv_store_dir`` are always concrete paths.
     """
 
     host: str = _router_default("host")
@@ -164,6 +165,10 @@ class RouterSettings:
     replica_logs: Path = Path("logs")
     replica_log_files: int = _router_default("replica_log_files")
     replica_log_max_mib: int = _router_default("replica_log_max_mib")
+    kv_store: bool = _router_default("kv_store")
+    kv_store_dir: Path = Path("kv")
+    kv_store_mib: int = _router_default("kv_store_mib")
+    kv_store_timeout: float = _router_default("kv_store_timeout")
 
 
 @attrs.frozen

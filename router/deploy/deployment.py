@@ -32,6 +32,7 @@ class Deployment:
     launches: Mapping[str, ModelLaunch]
     plan_document: Mapping[str, Any]
     api_keys: tuple[bytes, ...]
+    slot_saves: bool = True  # the binary takes --slot-save-path (unknown: assumed)
 
 
 def prepare(config: Config, monitor: GpuMonitor | None = None, ours: Ours | None = None) -> Deployment:
@@ -51,7 +52,9 @@ def prepare(config: Config, monitor: GpuMonitor | None = None, ours: Ours | None
         if decision.refusal:
             log.error("model %s cannot be served: %s", name, decision.refusal)
     keys = tuple(key.encode() for key in read_api_keys(config))
-    return Deployment(config, settings, launches(config, str(binary), ids, decisions), document, keys)
+    slot_saves = accepted is None or "--slot-save-path" in accepted
+    built = launches(config, str(binary), ids, decisions)
+    return Deployment(config, settings, built, document, keys, slot_saves)
 
 
 def changed_models(old: Deployment, new: Deployment) -> frozenset[str]:

@@ -160,6 +160,7 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
             endpoint=path,
             client=request.remote_addr or "",
             tokens=await needed_tokens(target, body),
+            body=body,
         )
         g.ticket = ticket
         return await proxy.respond(

@@ -98,6 +98,7 @@ def register_chat(app: QuartTrio, router: Router, client: httpx.AsyncClient) -> 
                 return await pass_get(port, rest, model)
         raw = await read_body()
         stream = False
+        doc = None
         if request.method == "POST":
             try:
                 doc = parse_json(raw)
@@ -105,7 +106,12 @@ def register_chat(app: QuartTrio, router: Router, client: httpx.AsyncClient) -> 
                 doc = None
             stream = isinstance(doc, dict) and doc.get("stream") is True
         ticket = router.admit(
-            model, asked=name, endpoint="/chat", client=request.remote_addr or "", tokens=None
+            model,
+            asked=name,
+            endpoint="/chat",
+            client=request.remote_addr or "",
+            tokens=None,
+            body=doc if request.method == "POST" and isinstance(doc, dict) else None,
         )
         g.ticket = ticket
         if request.method == "POST":

@@ -8,6 +8,8 @@ given at construction:
 * ``ProcessLoadFailed`` when /health did not answer 200 within the load timeout (the process is then
   being stopped, and a ``ProcessExited`` follows);
 * ``ProcessUnresponsive`` when a ready replica stopped answering /health (it has already been killed);
+* ``ProcessKv`` after saving a replica's slots (before it is stopped) or restoring a saved state into it
+  (before ``ProcessReady``);
 * ``ProcessExited`` exactly once per spawned replica, after the process has been reaped.
 
 :class:`ProcessSupervisor` is all the owner task and the status pages need of a supervisor; the real one
@@ -17,16 +19,22 @@ is ``router.shell.supervisor.Supervisor``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Protocol
 
 import attrs
 import trio
 
+from router.shell.kv_slots import KvOutcome
+from router.shell.kv_store import KvStore
+from router.shell.prompts import PromptProbe
 from router.shell.replica_logs import ReplicaLogFile
 
 __all__ = [
+    "KvLaunch",
     "LaunchSpec",
     "ProcessExited",
+    "ProcessKv",
     "ProcessLoadFailed",
     "ProcessReady",
     "ProcessSupervisor",
@@ -36,6 +44,18 @@ __all__ = [
     "SupervisorEvent",
     "SupervisorFactory",
 ]
+
+
+@attrs.frozen
+class KvLaunch:
+    """A replica whose slots are saved before it stops and restored when it starts: its ``shelf`` in
+    ``store`` (also its ``--slot-save-path``), the prompt of the request that loads it (None: restore the most
+    recent state), and the most seconds a save or a restore may take."""
+
+    store: KvStore
+    shelf: Path
+    probe: PromptProbe | None
+    timeout: float
 
 
 @attrs.frozen
@@ -52,6 +72,7 @@ class LaunchSpec:
     cwd: str | None = None  # relative paths in the argv start here (the config file's directory)
     # A ready replica that answers no /health probe for this long is declared hung (None: never).
     hang_timeout: float | None = 30.0
+    kv: KvLaunch | None = None  # None: no saved states (the model or the router opted out)
 
 
 @attrs.frozen
@@ -85,7 +106,15 @@ class ProcessExited:
     asked: bool
 
 
-SupervisorEvent = ProcessReady | ProcessLoadFailed | ProcessUnresponsive | ProcessExited
+@attrs.frozen
+class ProcessKv:
+    """A save of the replica's slots before it stopped, or a restore into it before it was declared ready."""
+
+    replica_id: int
+    result: KvOutcome
+
+
+SupervisorEvent = ProcessReady | ProcessLoadFailed | ProcessUnresponsive | ProcessExited | ProcessKv
 Report = Callable[[SupervisorEvent], None]
 
 
@@ -117,8 +146,9 @@ class ProcessSupervisor(Protocol):
         """Start the replica ``spec`` describes; its reports follow through the callback."""
         ...
 
-    def kill(self, replica_id: int, reason: str) -> None:
-        """Stop a replica; idempotent, and unknown or exited replicas are ignored."""
+    def kill(self, replica_id: int, reason: str, *, save: bool = False) -> None:
+        """Stop a replica; idempotent, and unknown or exited replicas are ignored. ``save``: first save its
+        slots (when it was started with ``kv``), for at most its ``kv.timeout`` seconds."""
         ...
 
     def info(self, replica_id: int) -> ReplicaProcessInfo | None:

@@ -19,10 +19,12 @@ import httpx
 import trio
 
 from router.shell.child import Child, describe_os_error, describe_returncode, launch
+from router.shell.kv_slots import restore_into, save_slots
 from router.shell.logring import LineSplitter, quote_lines
 from router.shell.processes import (
     LaunchSpec,
     ProcessExited,
+    ProcessKv,
     ProcessLoadFailed,
     ProcessReady,
     ProcessUnresponsive,
@@ -64,6 +66,7 @@ class ReplicaTask:
     finished: bool = False
     returncode: int | None = None
     stop_reason: str | None = None
+    save_first: bool = False
 
     @property
     def label(self) -> str:
@@ -84,12 +87,13 @@ class ReplicaTask:
             log_path=str(self.file.path) if self.file is not None else None,
         )
 
-    def stop(self, reason: str) -> None:
-        """Ask the task to stop the process: SIGTERM at once, SIGKILL after stop_timeout. The first reason
-        stays; a replica whose process has exited is left alone."""
+    def stop(self, reason: str, *, save: bool = False) -> None:
+        """Ask the task to stop the process: SIGTERM at once (after saving its slots, for ``save``), SIGKILL
+        after stop_timeout. The first reason stays; a replica whose process has exited is left alone."""
         if self.exit_seen or self.stop_reason is not None:
             return
         self.stop_reason = reason
+        self.save_first = save
         self.stop_requested.set()
 
     # ---- the task ----------------------------------------------------------------------------------
@@ -122,7 +126,7 @@ class ReplicaTask:
                 outer.start_soon(self._pump_output, child.output, drained)
                 async with trio.open_nursery() as watchers:
                     watchers.start_soon(self._probe_health, http)
-                    watchers.start_soon(self._stop_when_asked, child)
+                    watchers.start_soon(self._stop_when_asked, child, http)
                     await child.wait_exited()
                     self.exit_seen = True
                     watchers.cancel_scope.cancel()
@@ -156,8 +160,13 @@ class ReplicaTask:
             )
         return returncode
 
-    async def _stop_when_asked(self, child: Child) -> None:
+    async def _stop_when_asked(self, child: Child, http: httpx.AsyncHTTPTransport) -> None:
         await self.stop_requested.wait()
+        kv = self.spec.kv
+        if self.save_first and self.ready and kv is not None:
+            spec = self.spec
+            result = await save_slots(http, spec.port, kv.store, kv.shelf, spec.replica_id, kv.timeout)
+            self._emit(ProcessKv(self.spec.replica_id, result))
         self.logger.info("[%s] stopping pid %d: %s", self.label, child.pid, self.stop_reason)
         child.signal_group(signal.SIGTERM)
         await trio.sleep(self.spec.stop_timeout)
@@ -211,6 +220,7 @@ class ReplicaTask:
                 pass
             else:
                 if status == 200:
+                    await self._restore(http)
                     if self.stop_reason is None and not self.exit_seen:
                         self.ready = True
                         self.logger.info(
@@ -232,6 +242,15 @@ class ReplicaTask:
         self.logger.error("[%s] %s", self.label, reason)
         self._emit(ProcessLoadFailed(spec.replica_id, reason))
         self.stop(reason)
+
+    async def _restore(self, http: httpx.AsyncHTTPTransport) -> None:
+        """Before the replica takes requests: restore the saved state that suits the request loading it."""
+        kv = self.spec.kv
+        if kv is None or self.stop_reason is not None or self.exit_seen:
+            return
+        result = await restore_into(http, self.spec.port, kv.store, kv.shelf, kv.probe, kv.timeout)
+        if result.outcome != "empty":
+            self._emit(ProcessKv(self.spec.replica_id, result))
 
     async def _watch_ready(self, http: httpx.AsyncHTTPTransport, url: str) -> None:
         """Probe a ready replica's /health; one that answers nothing (any status counts as an answer) for

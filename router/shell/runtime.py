@@ -25,10 +25,14 @@ from router.deploy.deployment import Deployment
 from router.deploy.launch import ModelLaunch
 from router.hosts.gpu_monitor import GpuMonitor, Ours
 from router.journal.records import RequestRecord
+from router.shell.kv_slots import SAVE_CAUSES, KvOutcome, describe_kv
+from router.shell.kv_store import KvStore, shelf_name
 from router.shell.ports import free_port
 from router.shell.processes import (
+    KvLaunch,
     LaunchSpec,
     ProcessExited,
+    ProcessKv,
     ProcessLoadFailed,
     ProcessReady,
     ProcessSupervisor,
@@ -36,6 +40,7 @@ from router.shell.processes import (
     SupervisorEvent,
     SupervisorFactory,
 )
+from router.shell.prompts import prompt_probe
 from router.shell.replica_logs import ReplicaLogs
 from router.shell.supervisor import Supervisor
 from router.shell.ticket import Ticket, TicketPhase, record_of
@@ -89,6 +94,7 @@ class Happening:
     reason: str
     cause: KillCause | None = None
     asked: bool | None = None
+    kv: KvOutcome | None = None  # a ``kv_save`` or ``kv_restore``: what it did
 
 
 Listener = Callable[[str, dict[str, Any]], None]
@@ -126,6 +132,7 @@ class Router:
             self.supervisor = Supervisor(self._from_supervisor, log_lines=router.log_lines, log_files=files)
         else:
             self.supervisor = supervisor(self._from_supervisor)
+        self.kv_store = KvStore(router.kv_store_dir, router.kv_store_mib << 20)
         self.tickets: dict[int, Ticket] = {}
         self.ports: dict[int, int] = {}
         self.happenings: collections.deque[Happening] = collections.deque(maxlen=200)
@@ -168,11 +175,18 @@ class Router:
 
     # ---------------------------------------------------------------------------- handler side
     def admit(
-        self, target: str, *, asked: str | None, endpoint: str, client: str, tokens: int | None
+        self,
+        target: str,
+        *,
+        asked: str | None,
+        endpoint: str,
+        client: str,
+        tokens: int | None,
+        body: Mapping[str, Any] | None = None,
     ) -> Ticket:
         rid = self._next_rid
         self._next_rid += 1
-        ticket = Ticket(rid, target, asked, endpoint, client, time.time())
+        ticket = Ticket(rid, target, asked, endpoint, client, time.time(), body=body)
         self.tickets[rid] = ticket
         self.submit(RequestArrived(rid, target, tokens))
         return ticket
@@ -289,7 +303,7 @@ class Router:
                 self._spawn(command)
             case Kill(replica=replica, model=model, reason=reason, cause=cause):
                 self._note("stop", model, replica, reason, cause)
-                self.supervisor.kill(replica, reason)
+                self.supervisor.kill(replica, reason, save=self._saves_before_stop(replica, cause))
             case WakeAt(at=at):
                 self._wake_at = at
                 if self._timer_scope is not None:
@@ -309,19 +323,59 @@ class Router:
             return
         port = free_port()
         self.ports[command.replica] = port
+        argv = launch.argv(port)
+        kv = self._kv_launch(command, launch)
+        if kv is not None:
+            argv += ("--slot-save-path", str(kv.shelf))
         spec = LaunchSpec(
             replica_id=command.replica,
             model=command.model,
-            argv=launch.argv(port),
+            argv=argv,
             env=gpu_env(command.gpus),
             port=port,
             load_timeout=self.load_timeout,
             stop_timeout=self.stop_timeout,
             cwd=self._replica_dir(),
             hang_timeout=self.config.router.hang_timeout,
+            kv=kv,
         )
         self._note("load", command.model, command.replica, command.reason)
         self.supervisor.spawn(spec)
+
+    def _kv_enabled(self, model: str) -> bool:
+        router = self.config.router
+        spec = self.config.models.get(model)
+        return (
+            router.kv_store
+            and router.kv_store_mib > 0
+            and self.deployment.slot_saves
+            and spec is not None
+            and spec.kv_store
+        )
+
+    def _kv_launch(self, command: Spawn, launch: ModelLaunch) -> KvLaunch | None:
+        """Where the new replica's slots are saved and what it restores first (None: the store is off)."""
+        if not self._kv_enabled(command.model):
+            return None
+        self.kv_store.cap_bytes = self.config.router.kv_store_mib << 20
+        try:
+            shelf = self.kv_store.shelf(shelf_name(command.model, launch.argv(0)))
+        except OSError as exc:
+            log.warning("no saved prompt caches for %s: %s", command.model, exc)
+            return None
+        ticket = self.tickets.get(command.request) if command.request is not None else None
+        body = ticket.body if ticket is not None else None
+        probe = prompt_probe(body) if body is not None else None
+        return KvLaunch(self.kv_store, shelf, probe, self.config.router.kv_store_timeout)
+
+    def _saves_before_stop(self, replica: int, cause: KillCause) -> bool:
+        """Whether a replica being stopped for ``cause`` first saves its slots: an idle one whose model
+        keeps its caches (a replica stopped with requests in flight is not idle, and one that failed or hung
+        has nothing worth keeping)."""
+        if cause not in SAVE_CAUSES:
+            return False
+        found = queries.find_replica(self.state, replica)
+        return found is not None and not found.forced and self._kv_enabled(found.model)
 
     def _replica_dir(self) -> str | None:
         """Where replicas start: the config file's directory, so that relative paths in llama-server flags
@@ -366,6 +420,9 @@ class Router:
             case ProcessUnresponsive(replica_id=replica, reason=reason):
                 self._note("unresponsive", self._model_of(replica), replica, reason)
                 self.submit(ReplicaUnresponsive(replica, reason))
+            case ProcessKv(replica_id=replica, result=result):
+                kind = f"kv_{result.action}"
+                self._note(kind, self._model_of(replica), replica, describe_kv(result), kv=result)
             case ProcessExited(replica_id=replica, reason=reason, during_load=during_load, asked=asked):
                 kind = "load_failed" if during_load and not asked else "exited"
                 self._note(kind, self._model_of(replica), replica, reason, asked=asked)
@@ -388,10 +445,12 @@ class Router:
         cause: KillCause | None = None,
         *,
         asked: bool | None = None,
+        kv: KvOutcome | None = None,
     ) -> None:
-        happening = Happening(time.time(), kind, model, replica, reason, cause, asked)
+        happening = Happening(time.time(), kind, model, replica, reason, cause, asked, kv)
         self.happenings.append(happening)
-        level = logging.WARNING if kind in ("load_failed", "unresponsive") else logging.INFO
+        failed = kv is not None and kv.outcome in ("failed", "timeout")
+        level = logging.WARNING if kind in ("load_failed", "unresponsive") or failed else logging.INFO
         log.log(level, "%s %s (replica %d): %s", kind, model, replica, reason)
         for listener in self.listeners:
             try:

@@ -104,14 +104,15 @@ class Supervisor:
         self._live[spec.replica_id] = rep
         self._nursery.start_soon(self._run_replica, rep, name=f"replica {rep.label}")
 
-    def kill(self, replica_id: int, reason: str) -> None:
-        """Stop a replica: its task SIGTERMs the process group at once and SIGKILLs it after stop_timeout.
+    def kill(self, replica_id: int, reason: str, *, save: bool = False) -> None:
+        """Stop a replica: its task SIGTERMs the process group at once (after saving its slots when ``save``
+        and it was started with ``kv``) and SIGKILLs it after stop_timeout.
 
         Idempotent: later calls keep the first reason. Unknown or already exited replicas are ignored.
         """
         rep = self._live.get(replica_id)
         if rep is not None:
-            rep.stop(reason)
+            rep.stop(reason, save=save)
 
     # ---- queries ---------------------------------------------------------------------------------
 

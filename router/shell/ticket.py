@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import attrs
 import trio
@@ -43,6 +45,7 @@ class Ticket:
     queued_at: float = attrs.field(factory=time.monotonic)
     dispatched_at: float | None = None
     observed: Observation = attrs.field(factory=Observation)
+    body: Mapping[str, Any] | None = None  # the parsed JSON body (read when the request loads a model)
 
     @property
     def model(self) -> str | None:

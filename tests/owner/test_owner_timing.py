@@ -37,7 +37,8 @@ async def test_an_idle_replica_is_stopped_exactly_when_its_ttl_runs_out(
         assert not sup.kills
         await trio.sleep(1.0)
         await settle()
-        assert sup.kills == [KillCall(1, "idle for 600 s (ttl)", done + 600.0)]
+        # An idle replica saves its slots first; its model keeps its prompt caches by default.
+        assert sup.kills == [KillCall(1, "idle for 600 s (ttl)", done + 600.0, save=True)]
         sup.exit_killed()
         await settle()
         assert not router.state.replicas
@@ -79,7 +80,8 @@ async def test_shutdown_stops_a_busy_replica_at_the_end_of_the_grace(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(router.shutdown, 30.0)
             await settle()
-            assert [(k.replica, k.reason, k.at) for k in sup.kills] == [(2, "router shutting down", 3.0)]
+            idle_stop = (2, "router shutting down", 3.0, True)  # idle: its slots are saved first
+            assert [(k.replica, k.reason, k.at, k.save) for k in sup.kills] == [idle_stop]
             await trio.sleep(60.0)
             assert sup.kills[1:] == [KillCall(1, "router shutdown deadline reached", 33.0)]
             assert busy.rejection is None  # the exit ends it

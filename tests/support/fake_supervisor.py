@@ -66,6 +66,7 @@ class KillCall:
     replica: int
     reason: str
     at: float  # trio.current_time() of the call
+    save: bool = False  # the router asked for the replica's slots to be saved first
 
 
 class FakeSupervisor:
@@ -95,8 +96,8 @@ class FakeSupervisor:
         self.spawns.append(spec)
         self.processes[spec.replica_id] = FakeProcess(spec, trio.current_time(), next(_pids))
 
-    def kill(self, replica_id: int, reason: str) -> None:
-        self.kills.append(KillCall(replica_id, reason, trio.current_time()))
+    def kill(self, replica_id: int, reason: str, *, save: bool = False) -> None:
+        self.kills.append(KillCall(replica_id, reason, trio.current_time(), save))
         proc = self.processes.get(replica_id)
         if proc is not None and not proc.exited and proc.stop_reason is None:
             proc.stop_reason = reason

@@ -57,6 +57,7 @@ def config_document(
         "stop_timeout": 3.0,
         "shutdown_grace": 10.0,
         "replica_logs": str(dir / "replica-logs"),
+        "kv_store_dir": str(dir / "kv"),
         **(router or {}),
     }
     doc: dict[str, Any] = {"router": router_table, "models": tables}
@@ -76,10 +77,11 @@ def _model_file(dir: Path, name: str, shape: SyntheticModel | None, behaviour: M
 
 
 def with_replica_logs(dir: Path, doc: Mapping[str, Any]) -> dict[str, Any]:
-    """``doc`` with ``router.replica_logs`` under ``dir`` when it names none (tests never write to the
-    user's state directory)."""
+    """``doc`` with ``router.replica_logs`` and ``router.kv_store_dir`` under ``dir`` when it names none
+    (tests never write to the user's state directory)."""
     router = dict(doc.get("router") or {})
     router.setdefault("replica_logs", str(dir / "replica-logs"))
+    router.setdefault("kv_store_dir", str(dir / "kv"))
     return {**doc, "router": router}
 
 

@@ -38,6 +38,7 @@ def test_values_and_defaults() -> None:
         num_gpus=2,
         history_db=Path(f"/home/u/.local/state/llama-router/llama-router-{digest}/history.db"),
         replica_logs=Path("/home/u/.local/state/llama-router/logs"),
+        kv_store_dir=Path("/home/u/.local/state/llama-router/kv"),
     )
     assert config.pools["chat"].members == ("qwen", "small")
     assert config.defaults == {}
@@ -46,7 +47,7 @@ def test_values_and_defaults() -> None:
 def test_router_defaults_equal_the_schema() -> None:
     settings = RouterSettings()
     for spec in ROUTER_KEYS:
-        if spec.name in ("history_db", "replica_logs"):  # computed from the environment
+        if spec.name in ("history_db", "replica_logs", "kv_store_dir"):  # computed from the environment
             continue
         assert getattr(settings, spec.name) == spec.default, spec.name
 
