@@ -3,7 +3,7 @@
 A replica is started with ``--slot-save-path`` pointing at its *shelf*: one folder per model file and
 cache-affecting flags (:func:`shelf_name`), so a state is only ever restored into a replica that can read it.
 A saved state is two files on its shelf: ``NAME.bin``, written by llama-server (``POST /slots/{id}?action=
-save``), and ``NAME.tokens``, the prompt tokens it holds (little-endian int32), which the router reads out of
+save``), and ``NAME.tokens``, the prompt tokens it holds (little-endian 32-bit words), which the router reads out of
 the ``.bin`` right after the save so that choosing a state never needs the big file.
 
 The store is bounded (``kv_store_mib``): after every save the least recently used states go until the total
@@ -75,9 +75,7 @@ def tokens_in_state_file(path: Path, n_tokens: int) -> list[int] | None:
         return None
     for i in range(2, min(_MAX_HEADER_WORDS, words)):
         if values[i] == n_tokens and i + 1 + n_tokens <= words:
-            tokens = list(values[i + 1 : i + 1 + n_tokens])
-            if all(t < 2**31 for t in tokens):
-                return tokens
+            return list(values[i + 1 : i + 1 + n_tokens])
     return None
 
 
@@ -113,7 +111,7 @@ class SavedState:
             data = self.tokens_path.read_bytes()
         except OSError:
             return None
-        return list(struct.unpack(f"<{len(data) // 4}i", data[: 4 * (len(data) // 4)]))
+        return list(struct.unpack(f"<{len(data) // 4}I", data[: 4 * (len(data) // 4)]))
 
 
 @attrs.define
@@ -162,7 +160,7 @@ class KvStore:
         if tokens is None:
             _remove(state_file)
             return None
-        (shelf / f"{name}.tokens").write_bytes(struct.pack(f"<{len(tokens)}i", *tokens))
+        (shelf / f"{name}.tokens").write_bytes(struct.pack(f"<{len(tokens)}I", *tokens))
         for older in self.states(shelf):
             if older.name == name:
                 continue

@@ -18,6 +18,7 @@ class Options:
     n_gpu_layers: int = -1
     metrics: bool = False
     alias: str | None = None
+    slot_save_path: str | None = None
 
 
 _VALUE_FLAGS: dict[str, str] = {
@@ -34,6 +35,7 @@ _VALUE_FLAGS: dict[str, str] = {
     "--n-gpu-layers": "n_gpu_layers",
     "-a": "alias",
     "--alias": "alias",
+    "--slot-save-path": "slot_save_path",
 }
 _INT_FIELDS = frozenset({"port", "ctx", "parallel", "n_gpu_layers"})
 

@@ -33,6 +33,7 @@ class Behaviour:
     # $FAKE_NVML_PROCS_DIR/<pid> once loaded (None: report nothing).
     gpu_mib: float | None = None
     web_ui: bool = False
+    slot_save_delay: float = 0.0  # seconds a slot save or restore takes
 
 
 BEHAVIOUR_KEYS: frozenset[str] = frozenset(f.name for f in fields(Behaviour))

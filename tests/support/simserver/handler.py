@@ -32,10 +32,11 @@ from tests.support.simserver.shapes import (
     ResponsesShape,
     Shape,
 )
+from tests.support.simserver.slot_files import SlotFileRoutes
 from tests.support.simserver.tokens import render_chat, text_of, token_id, tokenize
 
 
-class Handler(InfoRoutes):
+class Handler(InfoRoutes, SlotFileRoutes):
     """The request handler: dispatch by path, and the endpoints that generate text."""
 
     # -- dispatch --------------------------------------------------------------------------------------
@@ -63,6 +64,8 @@ class Handler(InfoRoutes):
                 self._send(400, b"", "text/plain")
                 return
             route = routes.get(path)
+            if route is None and routes is POST_ROUTES and path.startswith("/slots/"):
+                route = Handler.route_slot_action
             if route is None:
                 self._read_body()
                 raise RequestError(404, "File Not Found", "not_found_error")

@@ -40,19 +40,18 @@ class InfoRoutes(HandlerBase):
         self._send(200, b"<!doctype html><title>llama.cpp (simulated)</title>", "text/html")
 
     def route_slots(self) -> None:
-        self.send_json(
-            200,
-            [
-                {
-                    "id": slot_id,
-                    "id_task": task_id,
-                    "n_ctx": self.state.n_ctx_slot,
-                    "speculative": False,
-                    "is_processing": busy,
-                }
-                for slot_id, busy, task_id in self.state.pool.snapshot()
-            ],
-        )
+        slots = []
+        for slot_id, busy, task_id, cached in self.state.pool.snapshot():
+            slot: dict[str, Any] = {
+                "id": slot_id,
+                "n_ctx": self.state.n_ctx_slot,
+                "speculative": False,
+                "is_processing": busy,
+            }
+            if task_id >= 0 or cached:  # like llama-server: a slot that never served has no task fields
+                slot.update(id_task=task_id, n_prompt_tokens=cached)
+            slots.append(slot)
+        self.send_json(200, slots)
 
     def route_props(self) -> None:
         state = self.state

@@ -50,9 +50,10 @@ class SlotPool:
         self._waiters: list[_Waiter] = []
         self._next_task = 0
 
-    def snapshot(self) -> list[tuple[int, bool, int]]:
+    def snapshot(self) -> list[tuple[int, bool, int, int]]:
+        """(id, busy, task id or -1, cached tokens) of every slot."""
         with self._lock:
-            return [(s.id, s.busy, s.task_id) for s in self.slots]
+            return [(s.id, s.busy, s.task_id, len(s.cache)) for s in self.slots]
 
     def busy_count(self) -> int:
         with self._lock:
