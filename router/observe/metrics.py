@@ -148,6 +148,29 @@ DECLARED = (
         ("model",),
     ),
     Declared(
+        "kv_saves",
+        Counter,
+        "llama_router_kv_saves",
+        "Saves of a stopping replica's slots to the prompt cache store, by outcome (saved, empty, failed, "
+        "timeout).",
+        ("model", "outcome"),
+    ),
+    Declared(
+        "kv_restores",
+        Counter,
+        "llama_router_kv_restores",
+        "Restores from the prompt cache store into a new replica, by outcome (restored, no_match, failed, "
+        "timeout; a model with nothing stored is not counted).",
+        ("model", "outcome"),
+    ),
+    Declared(
+        "kv_restored_tokens",
+        Counter,
+        "llama_router_kv_restored_tokens",
+        "Prompt tokens a restored state shared with the request that loaded its model.",
+        ("model",),
+    ),
+    Declared(
         "stops",
         Counter,
         "llama_router_replica_stops",
@@ -231,6 +254,11 @@ class RouterMetrics:
                 count["evictions"].labels(model).inc()
         elif kind == "exited":
             self._loading.pop(replica, None)
+        elif kind in ("kv_save", "kv_restore") and data.get("kv"):
+            result = data["kv"]
+            count[kind + "s"].labels(model, str(result.get("outcome"))).inc()
+            if kind == "kv_restore" and result.get("outcome") == "restored":
+                count["kv_restored_tokens"].labels(model).inc(int(result.get("tokens") or 0))
 
     # -------------------------------------------------------------------------------------- scraping
     async def render(self) -> bytes:
@@ -355,6 +383,11 @@ class _StateCollector(Collector):
         )
         yield GaugeMetricFamily(
             "llama_router_requests_in_flight", "Requests dispatched to a replica.", value=_in_flight(router)
+        )
+        yield GaugeMetricFamily(
+            "llama_router_kv_store_bytes",
+            "Bytes of saved slot states in the prompt cache store.",
+            value=router.kv_store.size(),
         )
 
     def _replicas(self) -> Iterator[Metric]:

@@ -3,8 +3,8 @@
 A replica is started with ``--slot-save-path`` pointing at its *shelf*: one folder per model file and
 cache-affecting flags (:func:`shelf_name`), so a state is only ever restored into a replica that can read it.
 A saved state is two files on its shelf: ``NAME.bin``, written by llama-server (``POST /slots/{id}?action=
-save``), and ``NAME.tokens``, the prompt tokens it holds (little-endian 32-bit words), which the router reads out of
-the ``.bin`` right after the save so that choosing a state never needs the big file.
+save``), and ``NAME.tokens``, the prompt tokens it holds (little-endian 32-bit words), which the router
+reads out of the ``.bin`` right after the save so that choosing a state never needs the big file.
 
 The store is bounded (``kv_store_mib``): after every save the least recently used states go until the total
 fits; restoring a state counts as a use. A new state makes every older state on its shelf whose tokens are a

@@ -48,6 +48,13 @@ async def test_a_swapped_out_model_comes_back_with_its_conversation_cached(tmp_p
         (restore,) = await kv_events(h, "kv_restore")
         assert restore["model"] == "a" and restore["kv"]["outcome"] == "restored"
         assert back["timings"]["cache_n"] >= save["kv"]["tokens"] - 8
+        metrics = (await h.client.get("/metrics")).text
+        assert 'llama_router_kv_saves_total{model="a",outcome="saved"} 1.0' in metrics
+        assert 'llama_router_kv_restores_total{model="a",outcome="restored"} 1.0' in metrics
+        restored = restore["kv"]["tokens"]
+        assert f'llama_router_kv_restored_tokens_total{{model="a"}} {float(restored)}' in metrics
+        (stored,) = [line for line in metrics.splitlines() if line.startswith("llama_router_kv_store_bytes ")]
+        assert float(stored.split()[1]) == sum(p.stat().st_size for p in (tmp_path / "kv").rglob("*.*"))
 
 
 async def test_a_slow_save_is_abandoned_at_the_limit_and_the_swap_goes_on(tmp_path: Path) -> None:
