@@ -6,13 +6,16 @@ Each round sends a long conversation to model A and then, in order:
     repeat           the identical request again
     next turn        the conversation with the reply and a new user message appended
     swap away        a request to model B, which shares A's GPU (one model per GPU): A is evicted
-    after eviction   the next-turn request to A again (a fresh replica is loaded)
+    after eviction   the next-turn request to A again (a fresh replica is loaded, and the router restores
+                     the state it saved when A was evicted)
     repeat reloaded  the same request once more
     cache_prompt off the same request with ``"cache_prompt": false``
 
 For each step the table gives the medians over the rounds of ``timings.cache_n`` (prompt tokens taken from
 the cache), ``timings.prompt_n`` (prompt tokens evaluated), the reused share cache_n / (cache_n + prompt_n)
-and the latency. Without ``--url`` the router is started on two tiny models on one declared GPU with
+and the latency; then the goals (after an eviction >= 90 % of the prompt cached, its prefill <= 1/5 of the
+cold one) and the capacity pass (``benchmarks/prompt_cache_capacity.py``: N conversations kept in RAM and
+on disk, each revisited). Without ``--url`` the router is started on two tiny models on one declared GPU with
 ``max_models_per_gpu = 1``; with ``--url`` pass ``--models A,B`` (two models sharing a GPU), or the first
 such pair listed is used. Writes outputs/benchmark-prompt-cache.json.
 
@@ -32,7 +35,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.results import LocalRouter, base_parser, ms, print_table, run_benchmark
+from benchmarks.prompt_cache_capacity import capacity
+from benchmarks.results import LocalRouter, base_parser, ms, print_table, ratio, run_benchmark
 from benchmarks.services import DEVICE_MIB, make_models, shape_facts
 from benchmarks.workload import async_client, chat_body, prompt_text, router_models
 from router.cli.tinymodel import TinyShape
@@ -153,6 +157,7 @@ async def benchmark(url: str, args: argparse.Namespace) -> dict[str, Any]:
         rows: list[dict[str, Any]] = []
         for round_ in range(1, args.rounds + 1):
             rows.extend(await one_round(client, a, b, round_, args))
+        held = await capacity(client, a, b, args) if args.conversations > 0 else None
     steps: list[dict[str, Any]] = []
     for step in STEPS:
         chosen = [r for r in rows if r["step"] == step and r["status"] == 200]
@@ -176,7 +181,31 @@ async def benchmark(url: str, args: argparse.Namespace) -> dict[str, Any]:
         if step == "swap away":
             entry["a_evicted"] = sum(1 for r in chosen if r.get("a_state_after") != "ready")
         steps.append(entry)
-    return {"model_a": a, "model_b": b, "chosen": how, "steps": steps, "requests": rows}
+    return {
+        "model_a": a,
+        "model_b": b,
+        "chosen": how,
+        "steps": steps,
+        "goals": goals(steps),
+        "capacity": held,
+        "requests": rows,
+    }
+
+
+def goals(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The prompt-cache goals: after an eviction at least 90 % of the prompt comes from the cache, and the
+    prefill of the returning turn takes at most a fifth of the cold prefill of the first turn."""
+    by_step = {step["step"]: step for step in steps}
+    after, first = by_step.get("after eviction"), by_step.get("first")
+    if after is None or first is None:
+        return {}
+    prefill = ratio(after["prompt_ms"], first["prompt_ms"])
+    return {
+        "after_eviction_reuse": after["reuse"],
+        "after_eviction_reuse_met": after["reuse"] is not None and after["reuse"] >= 0.9,
+        "prefill_ratio_after_eviction_to_cold": prefill,
+        "prefill_ratio_met": prefill is not None and prefill <= 0.2,
+    }
 
 
 def report(result: dict[str, Any]) -> None:
@@ -211,6 +240,54 @@ def report(result: dict[str, Any]) -> None:
             print(
                 f"{result['model_a']} was evicted by the swap in {step['a_evicted']} of {step['ok']} rounds\n"
             )
+    goal = result.get("goals") or {}
+    if goal:
+        reuse, prefill = goal["after_eviction_reuse"], goal["prefill_ratio_after_eviction_to_cold"]
+        print(
+            f"after eviction: {fmt_share(reuse)} of the prompt cached (goal >= 90 %: "
+            f"{'met' if goal['after_eviction_reuse_met'] else 'NOT met'}); prefill "
+            f"{'-' if prefill is None else f'{prefill:.3f}'}x the cold one (goal <= 0.2: "
+            f"{'met' if goal['prefill_ratio_met'] else 'NOT met'})\n"
+        )
+    held = result.get("capacity")
+    if held:
+        rows = []
+        for way in ("ram", "disk"):
+            if way not in held:
+                continue
+            revisit = held[way]["revisit"]
+            memory = held[way].get("replica_rss_mib")
+            stored = held[way].get("store_bytes")
+            rows.append(
+                [
+                    way,
+                    revisit["ok"],
+                    revisit["failed"],
+                    None if revisit["share_median"] is None else 100.0 * revisit["share_median"],
+                    None if revisit["share_min"] is None else 100.0 * revisit["share_min"],
+                    revisit["prompt_ms_median"],
+                    memory,
+                    None if stored is None else stored / (1 << 20),
+                ]
+            )
+        print_table(
+            f"Capacity: {held['conversations']} conversations, each revisited once",
+            [
+                "kept",
+                "ok",
+                "failed",
+                "cached % (median)",
+                "cached % (min)",
+                "prefill ms",
+                "RSS MiB",
+                "store MiB",
+            ],
+            rows,
+        )
+
+
+def fmt_share(value: float | None) -> str:
+    return "-" if value is None else f"{100.0 * value:.1f} %"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,6 +298,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=8, help="tokens each reply generates")
     parser.add_argument("--models", help="A,B: the model measured and its swap partner on the same GPU")
     parser.add_argument("--parallel", type=int, default=1, help="slots per replica (self-started router)")
+    parser.add_argument(
+        "--conversations", type=int, default=6, help="conversations of the capacity pass (0: skip it)"
+    )
     args = parser.parse_args(argv)
 
     def setup(work: Path) -> LocalRouter:

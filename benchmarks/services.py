@@ -161,6 +161,7 @@ def router_process(
             "llama_server": str(binary or llama_server_binary()),
             "history_db": str(work_dir / "history.db"),
             "replica_logs": str(work_dir / "replica-logs"),
+            "kv_store_dir": str(work_dir / "kv"),
             "load_timeout": 60.0,
             "stop_timeout": 5.0,
             "shutdown_grace": 2.0,
