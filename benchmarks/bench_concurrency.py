@@ -10,7 +10,8 @@ model is warmed up first; then the run is timed. While it runs, /status is polle
 Prints per-model success rate and latency percentiles and the swap count; writes
 outputs/benchmark-concurrency.json.
 
-    python benchmarks/bench_concurrency.py [--url URL] [--requests 100] [--workers 16] [--tokens 16]
+    python benchmarks/bench_concurrency.py [--url URL | --host HOST:PORT] [--requests|-n 100]
+        [--workers 16] [--tokens 16]
 """
 
 from __future__ import annotations
@@ -261,9 +262,9 @@ def report(result: dict[str, Any]) -> None:
         print(f"error x{error['count']}: {error['error']}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=100, help="requests in the run")
+    parser.add_argument("--requests", "-n", type=int, default=100, help="requests in the run")
     parser.add_argument("--workers", type=int, default=16, help="concurrent workers")
     parser.add_argument("--tokens", type=int, default=16, help="tokens each request generates")
     parser.add_argument("--models", help="comma-separated models to spread over (default: all listed)")
@@ -273,7 +274,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--swap-models", type=int, choices=(2, 3), default=2, help="models sharing GPU 0")
     parser.add_argument("--parallel", type=int, default=2, help="slots per replica (self-started router)")
     parser.add_argument("--grace", type=float, default=0.0, help="queue_head_grace (self-started router)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
 
     def setup(work: Path) -> LocalRouter:
         models, extra = local_setup(work, args)

@@ -19,7 +19,7 @@ Without ``--url`` all three targets are started here. With ``--url`` (this route
 for swaps, ``--swap-model`` on the same GPU) the others are ``--direct-url`` and ``--llamacpp-url``; a target
 whose address is not given is left out. Writes outputs/benchmark-overhead.json.
 
-    python benchmarks/bench_overhead.py [--small 200] [--streams 30] [--swaps 3]
+    python benchmarks/bench_overhead.py [--small|-n 200] [--streams 30] [--swaps 3]
 """
 
 from __future__ import annotations
@@ -393,9 +393,9 @@ def link_or_copy(source: Path, target: Path) -> None:
         shutil.copyfile(source, target)
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--small", type=int, default=200, help="rounds of small non-streaming requests")
+    parser.add_argument("--small", "-n", type=int, default=200, help="rounds of small non-streaming requests")
     parser.add_argument("--small-tokens", type=int, default=4, help="tokens a small request generates")
     parser.add_argument("--streams", type=int, default=30, help="rounds of streaming requests")
     parser.add_argument("--stream-tokens", type=int, default=64, help="tokens a stream generates")
@@ -405,8 +405,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1, help="seed of the interleaving order")
     parser.add_argument("--model", default="alpha", help="model A (with --url: as this router names it)")
     parser.add_argument("--swap-model", default="beta", help="model B, on A's GPU (empty: no swap phase)")
-    parser.add_argument("--direct-url", help="with --url: a bare llama-server serving model A")
+    parser.add_argument(
+        "--direct-url",
+        "--instance-url",
+        dest="direct_url",
+        metavar="URL",
+        help="with --url: one llama-server serving model A, measured side by side with the router",
+    )
     parser.add_argument("--llamacpp-url", help="with --url: llama.cpp router mode serving A and B")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
     args = parser.parse_args(argv)
 
     document: dict[str, Any] = {"benchmark": "overhead", "settings": settings_of(args)}

@@ -19,7 +19,8 @@ on disk, each revisited). Without ``--url`` the router is started on two tiny mo
 ``max_models_per_gpu = 1``; with ``--url`` pass ``--models A,B`` (two models sharing a GPU), or the first
 such pair listed is used. Writes outputs/benchmark-prompt-cache.json.
 
-    python benchmarks/bench_prompt_cache.py [--url URL] [--rounds 3] [--prompt-words 600]
+    python benchmarks/bench_prompt_cache.py [--url URL | --host HOST:PORT] [--rounds|-n 3]
+        [--prompt-words 600] [--instance-url URL]
 """
 
 from __future__ import annotations
@@ -158,6 +159,30 @@ async def benchmark(url: str, args: argparse.Namespace) -> dict[str, Any]:
         for round_ in range(1, args.rounds + 1):
             rows.extend(await one_round(client, a, b, round_, args))
         held = await capacity(client, a, b, args) if args.conversations > 0 else None
+    steps = step_medians(rows)
+    result = {
+        "model_a": a,
+        "model_b": b,
+        "chosen": how,
+        "steps": steps,
+        "goals": goals(steps),
+        "capacity": held,
+        "requests": rows,
+    }
+    if args.instance_url:
+        # The same conversations straight to one llama-server: no router, so no swap steps.
+        direct: list[dict[str, Any]] = []
+        async with async_client(args.instance_url) as client:
+            warm = await client.post(CHAT_PATH, json=chat_body(a, 1, "warm up"))
+            warm.raise_for_status()
+            for round_ in range(1, args.rounds + 1):
+                direct.extend(await one_round(client, a, None, round_, args))
+        result["instance"] = {"url": args.instance_url, "steps": step_medians(direct), "requests": direct}
+    return result
+
+
+def step_medians(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per step, the counts and the medians over the rounds of the successful requests."""
     steps: list[dict[str, Any]] = []
     for step in STEPS:
         chosen = [r for r in rows if r["step"] == step and r["status"] == 200]
@@ -181,15 +206,7 @@ async def benchmark(url: str, args: argparse.Namespace) -> dict[str, Any]:
         if step == "swap away":
             entry["a_evicted"] = sum(1 for r in chosen if r.get("a_state_after") != "ready")
         steps.append(entry)
-    return {
-        "model_a": a,
-        "model_b": b,
-        "chosen": how,
-        "steps": steps,
-        "goals": goals(steps),
-        "capacity": held,
-        "requests": rows,
-    }
+    return steps
 
 
 def goals(steps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -208,9 +225,9 @@ def goals(steps: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def report(result: dict[str, Any]) -> None:
+def step_rows(steps: list[dict[str, Any]]) -> list[list[Any]]:
     rows = []
-    for step in result["steps"]:
+    for step in steps:
         reuse = step["reuse"]
         rows.append(
             [
@@ -224,14 +241,28 @@ def report(result: dict[str, Any]) -> None:
                 ms(step["latency_s"]),
             ]
         )
+    return rows
+
+
+HEADERS = ["step", "ok", "failed", "cache_n", "prompt_n", "reused %", "prompt ms", "latency ms"]
+
+
+def report(result: dict[str, Any]) -> None:
     b = result["model_b"] or "-"
     print_table(
         f"Prompt cache (model {result['model_a']}, swap partner {b}; medians over rounds)",
-        ["step", "ok", "failed", "cache_n", "prompt_n", "reused %", "prompt ms", "latency ms"],
-        rows,
+        HEADERS,
+        step_rows(result["steps"]),
     )
+    instance = result.get("instance")
+    if instance is not None:
+        print_table(
+            f"The same, straight to the llama-server at {instance['url']}",
+            HEADERS,
+            step_rows(instance["steps"]),
+        )
     shown: set[str] = set()
-    for request in result["requests"]:
+    for request in [*result["requests"], *(instance["requests"] if instance else [])]:
         if request["status"] != 200 and request["step"] not in shown:
             shown.add(request["step"])
             print(f"{request['step']} failed ({request['status']}): {request.get('error', '')}")
@@ -290,9 +321,9 @@ def fmt_share(value: float | None) -> str:
     return "-" if value is None else f"{100.0 * value:.1f} %"
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     parser = base_parser(__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="conversations (one round each)")
+    parser.add_argument("--rounds", "-n", type=int, default=3, help="conversations (one round each)")
     parser.add_argument("--prompt-words", type=int, default=600, help="words in the first message")
     parser.add_argument("--followup-words", type=int, default=30, help="words in the next-turn message")
     parser.add_argument("--tokens", type=int, default=8, help="tokens each reply generates")
@@ -301,6 +332,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--conversations", type=int, default=6, help="conversations of the capacity pass (0: skip it)"
     )
+    parser.add_argument(
+        "--instance-url",
+        metavar="URL",
+        help="one llama-server serving model A: the steps without a swap run against it too, side by side",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
     args = parser.parse_args(argv)
 
     def setup(work: Path) -> LocalRouter:

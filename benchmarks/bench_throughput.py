@@ -9,7 +9,8 @@ medians) and, from the wall clock, the aggregate tokens per second of the whole 
 Without ``--url`` the router is started on two tiny generated models on two declared GPUs (both resident):
 ``small`` (2 slots) and ``wide`` (a larger tiny model, 4 slots). Writes outputs/benchmark-throughput.json.
 
-    python benchmarks/bench_throughput.py [--url URL] [--seconds 6] [--tokens 128] [--prompt-words 100]
+    python benchmarks/bench_throughput.py [--url URL | --host HOST:PORT] [--seconds 6] [--tokens 128]
+        [--prompt-words 100]
 """
 
 from __future__ import annotations
@@ -185,12 +186,17 @@ def report(result: dict[str, Any]) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=6.0, help="duration of each concurrency level")
     parser.add_argument("--tokens", type=int, default=128, help="tokens each request generates")
     parser.add_argument("--prompt-words", type=int, default=100, help="words in each prompt")
     parser.add_argument("--models", help="comma-separated models (default: all listed)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
     args = parser.parse_args(argv)
 
     def setup(work: Path) -> LocalRouter:

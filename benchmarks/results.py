@@ -141,11 +141,29 @@ def print_table(title: str, headers: Sequence[str], rows: Sequence[Sequence[Any]
     return text
 
 
+def host_url(value: str) -> str:
+    """``--host HOST[:PORT]`` as a URL: ``localhost:11434`` is ``http://localhost:11434``; a value that
+    already has a scheme is kept. No trailing slash."""
+    value = value.strip().rstrip("/")
+    if not value:
+        raise argparse.ArgumentTypeError("give a host, e.g. localhost:8080")
+    return value if "://" in value else f"http://{value}"
+
+
 def base_parser(description: str) -> argparse.ArgumentParser:
-    """Options of every benchmark: ``--url`` of a running router, the binary, ``--keep``, ``--name``."""
+    """Options of every benchmark: ``--url`` (or ``--host``) of a running router, the binary, ``--keep``,
+    ``--name``."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument(
+    target = parser.add_mutually_exclusive_group()
+    target.add_argument(
         "--url", help="a running router (e.g. http://127.0.0.1:8080); default: start one on tiny models"
+    )
+    target.add_argument(
+        "--host",
+        dest="url",
+        type=host_url,
+        metavar="HOST[:PORT]",
+        help="a running router as host and port (e.g. localhost:8080): the same as --url http://HOST[:PORT]",
     )
     parser.add_argument("--llama-server", help="llama-server binary (default: the router's lookup)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary work directory and logs")

@@ -4,17 +4,24 @@ self:
 let
   cfg = config.services.llama-router;
   toml = pkgs.formats.toml { };
-  settings = lib.recursiveUpdate cfg.settings {
-    router = {
-      host = cfg.host;
-      port = cfg.port;
-      llama_server = "${lib.getBin cfg.llamaCpp}/bin/llama-server";
-      history_db = "/var/lib/llama-router/history.db";
-      replica_logs = "/var/lib/llama-router/logs";
-    };
-    models = cfg.models;
+  # The options below, the original llama-router module's names included, as the TOML config's tables.
+  settings = import ./settings.nix {
+    inherit cfg;
+    llamaServer = "${lib.getBin cfg.llamaCpp}/bin/llama-server";
   };
   configFile = toml.generate "llama-router.toml" settings;
+  nullable = type: default: description: lib.mkOption { type = lib.types.nullOr type; inherit default description; };
+  modelOptions = {
+    freeformType = toml.type;
+    options = {
+      c = nullable lib.types.ints.positive null
+        "Total context of a replica (llama.cpp's -c), written as the router's `ctx`. Unset: the largest that fits.";
+      cost = nullable (lib.types.attrsOf lib.types.number) null
+        "Prices in dollars per million tokens (`input`, `cached_input`, `output`), written as `pricing` and shown in /v1/models.";
+      reasoning_effort = nullable toml.type null
+        "Reasoning effort levels: `options` (a list) and optionally `default`, shown in /v1/models.";
+    };
+  };
 in
 {
   options.services.llama-router = {
@@ -59,10 +66,61 @@ in
     };
 
     models = lib.mkOption {
+      type = lib.types.attrsOf (lib.types.submodule modelOptions);
+      default = { };
+      example = { qwen = { model = "/var/lib/models/qwen.gguf"; gpus = [ 0 1 ]; parallel = 4; c = 65536; }; };
+      description = ''
+        The [models.NAME] tables: the router's keys and llama-server flags. llama.cpp's names for what the
+        router sets are accepted and renamed: c / ctx-size to ctx, ngl / gpu-layers / n-gpu-layers to
+        gpu_layers, np to parallel, and cost to pricing.
+      '';
+    };
+
+    # Scheduler options under the original llama-router module's names; null leaves the router's default
+    # (or the value in `settings.router`).
+    maxModelsPerGpu = nullable lib.types.ints.positive null
+      "Models resident on one GPU at once (`max_models_per_gpu`; the router's default is 1).";
+
+    evictionPolicy = nullable (lib.types.enum [ "lru" "fifo" ]) null
+      "Which resident leaves a GPU for another model (`eviction`): lru, the oldest last request (the default), or fifo, the earliest loaded.";
+
+    queueHeadGrace = nullable (lib.types.either lib.types.int lib.types.float) null
+      "Seconds a request that needs a swap lets later requests for resident models go first (`queue_head_grace`; default 0).";
+
+    queueForceLoadTimeout = nullable (lib.types.either lib.types.int lib.types.float) null
+      "Seconds after which a waiting request takes its GPUs and gets its swap (`queue_force_load_timeout`; default 300).";
+
+    gpuCount = nullable lib.types.ints.unsigned null
+      "Number of GPUs, overriding detection (`num_gpus`).";
+
+    promptCache = lib.mkOption {
+      default = { };
+      description = "llama-server's host-memory prompt cache, per replica.";
+      type = lib.types.submodule {
+        options = {
+          ramMiB = nullable lib.types.ints.unsigned null
+            "MiB of host memory each replica keeps for conversations not in a slot: `cram` in every model's table (llama-server --cache-ram).";
+          ramMiBPerModel = lib.mkOption {
+            type = lib.types.attrsOf lib.types.ints.unsigned;
+            default = { };
+            example = { big-model = 32768; };
+            description = "A model's own `cram`, replacing ramMiB for it.";
+          };
+          reuseChunk = nullable lib.types.ints.unsigned null
+            "Smallest chunk llama-server reuses by shifting the KV cache (`cache-reuse` in [defaults]); sliding-window and hybrid models ignore it.";
+        };
+      };
+    };
+
+    presetGlobals = lib.mkOption {
       type = lib.types.attrsOf toml.type;
       default = { };
-      example = { qwen = { model = "/var/lib/models/qwen.gguf"; gpus = [ 0 1 ]; parallel = 4; }; };
-      description = "The [models.NAME] tables.";
+      example = { jinja = true; ctk = "q8_0"; ctv = "q8_0"; };
+      description = ''
+        llama-server flags for every model: the [defaults] table, over `settings.defaults`. c, ngl, np and
+        their long forms are the router's own keys, so they go to every model's table instead (a model's own
+        key wins). A model's own flag wins over these; these win over promptCache.ramMiB.
+      '';
     };
   };
 

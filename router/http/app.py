@@ -26,6 +26,7 @@ from router.http.request_body import (
 )
 from router.http.request_headers import bad_header, headers_too_large
 from router.http.tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
+from router.observe.props import props_document
 from router.observe.status import models_document, named_entry, replica_log, status_document
 from router.shell.reload import reload_config
 from router.shell.runtime import Router
@@ -205,8 +206,13 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
         return Response(json.dumps(router.plan_document), content_type="application/json")
 
     @app.route("/status")
+    @app.route("/status/json")
     async def status() -> Response:
         return Response(json.dumps(status_document(router.config, router)), content_type="application/json")
+
+    @app.route("/props")
+    async def props() -> Response:
+        return Response(json.dumps(props_document(router.config, router)), content_type="application/json")
 
     @app.route("/logs/<int:replica>")
     async def logs(replica: int) -> Response:

@@ -10,7 +10,7 @@ import trio
 
 from router.config.load import Config, resolve_name
 from router.shell.runtime import Router
-from statemachine import ModelState, model_state, queries, replica_state
+from statemachine import ModelState, ReplicaPhase, State, model_state, queries, replica_state
 
 LOG_TAIL_BYTES = 1 << 20  # most of a replica's log file that /logs/{replica} sends
 
@@ -103,6 +103,32 @@ def named_entry(config: Config, router: Router, name: str) -> dict[str, Any] | N
     return pool_entry(config, router, target, created)
 
 
+def capacity_entry(state: State, model: str) -> dict[str, Any]:
+    """What one model can take and holds now: its slots (``slots_per_replica`` times at most ``replicas``
+    replicas), its replicas by phase, and the requests in flight on them (a pool member in /status, a model
+    in /props)."""
+    spec = state.settings.models[model]
+    reps = queries.replicas_of(state, model)
+    return {
+        "model": model,
+        "gpus": list(spec.gpus),
+        "slots": spec.slots * spec.replicas,
+        "slots_per_replica": spec.slots,
+        "replicas": spec.replicas,
+        "replicas_ready": sum(1 for r in reps if r.phase == ReplicaPhase.READY),
+        "replicas_loading": sum(1 for r in reps if r.phase == ReplicaPhase.LOADING),
+        "ctx_per_slot": spec.ctx_per_slot,
+        "in_flight": sum(len(r.inflight) for r in reps),
+        "state": model_state(state, model),
+    }
+
+
+def waiting_for(state: State, target: str) -> int:
+    """Requests queued for ``target`` (a model or a pool) by its own name."""
+    fifo = state.queues.get(target)
+    return fifo.count if fifo else 0
+
+
 def status_document(config: Config, router: Router) -> dict[str, Any]:
     state = router.state
     now = max(state.now, trio.current_time())  # the scheduler's clock only moves with events
@@ -126,31 +152,15 @@ def status_document(config: Config, router: Router) -> dict[str, Any]:
             }
         )
     gpus = [gpu_entry(router, gpu) for gpu in sorted(state.settings.devices)]
-    pools = []
-    for name, pool in config.pools.items():
-        members = []
-        for member in pool.members:
-            spec = state.settings.models[member]
-            reps = [r for r in state.replicas if r.model == member]
-            members.append(
-                {
-                    "model": member,
-                    "gpus": list(spec.gpus),
-                    "slots": spec.slots * spec.replicas,
-                    "ctx_per_slot": spec.ctx_per_slot,
-                    "in_flight": sum(len(r.inflight) for r in reps),
-                    "state": model_state(state, member),
-                }
-            )
-        fifo = state.queues.get(name)
-        pools.append(
-            {
-                "name": name,
-                "fallback": pool.fallback,
-                "members": members,
-                "waiting": fifo.count if fifo else 0,
-            }
-        )
+    pools = [
+        {
+            "name": name,
+            "fallback": pool.fallback,
+            "members": [capacity_entry(state, member) for member in pool.members],
+            "waiting": waiting_for(state, name),
+        }
+        for name, pool in config.pools.items()
+    ]
     return {
         "queue": [
             {"id": q.rid, "target": q.target, "age_s": round(now - q.arrived, 3), "tokens": q.tokens}

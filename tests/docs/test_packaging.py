@@ -28,7 +28,18 @@ def test_dockerfile_layers_on_the_llama_cpp_server_image() -> None:
         assert (ROOT / part).exists()
 
 
-@pytest.mark.parametrize("name", ["flake.nix", "nix/package.nix", "nix/module.nix"])
+# Every Nix file of the project: at the top, under nix/ and under tests/ (the module's evaluation stub).
+NIX_FILES = sorted(
+    str(p.relative_to(ROOT))
+    for p in [*ROOT.glob("*.nix"), *(ROOT / "nix").rglob("*.nix"), *(ROOT / "tests").rglob("*.nix")]
+)
+
+
+def test_every_nix_file_is_parsed() -> None:
+    assert {"flake.nix", "nix/package.nix", "nix/module.nix", "nix/settings.nix"} <= set(NIX_FILES)
+
+
+@pytest.mark.parametrize("name", NIX_FILES)
 def test_nix_files_parse(name: str) -> None:
     nix = shutil.which("nix-instantiate")
     if nix is None:
