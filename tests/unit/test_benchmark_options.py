@@ -94,6 +94,7 @@ async def test_prompt_cache_runs_the_same_rounds_against_the_instance(
     )
     args = bench_prompt_cache.make_parser().parse_args(
         ["--host", "router:1", "--instance-url", "http://server:2", "-n", "2", "--prompt-words", "5"]
+        + ["--conversations", "0"]
     )
     result = await bench_prompt_cache.benchmark(args.url, args)
     instance = result["instance"]
@@ -116,6 +117,8 @@ async def test_prompt_cache_without_an_instance_runs_the_router_alone(
     monkeypatch.setattr(
         bench_prompt_cache, "async_client", lambda url: fake_server(url.split("//")[1], served)
     )
-    args = bench_prompt_cache.make_parser().parse_args(["--url", "http://router:1", "-n", "1"])
+    args = bench_prompt_cache.make_parser().parse_args(
+        ["--url", "http://router:1", "-n", "1", "--conversations", "0"]
+    )
     result = await bench_prompt_cache.benchmark(args.url, args)
     assert "instance" not in result and {name for name, _ in served} == {"router:1"}
