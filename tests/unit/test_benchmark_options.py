@@ -93,8 +93,8 @@ async def test_prompt_cache_runs_the_same_rounds_against_the_instance(
         bench_prompt_cache, "async_client", lambda url: fake_server(url.split("//")[1], served)
     )
     args = bench_prompt_cache.make_parser().parse_args(
-        ["--host", "router:1", "--instance-url", "http://server:2", "-n", "2", "--prompt-words", "5"]
-        + ["--conversations", "0"]
+        ["--host", "router:1", "--instance-url", "http://server:2", "-n", "2"]
+        + ["--prompt-words", "5", "--conversations", "0"]
     )
     result = await bench_prompt_cache.benchmark(args.url, args)
     instance = result["instance"]
