@@ -92,10 +92,8 @@ async def test_prompt_cache_runs_the_same_rounds_against_the_instance(
     monkeypatch.setattr(
         bench_prompt_cache, "async_client", lambda url: fake_server(url.split("//")[1], served)
     )
-    args = bench_prompt_cache.make_parser().parse_args(
-        ["--host", "router:1", "--instance-url", "http://server:2", "-n", "2"]
-        + ["--prompt-words", "5", "--conversations", "0"]
-    )
+    argv = ["--host", "router:1", "--instance-url", "http://server:2", "-n", "2", "--prompt-words", "5"]
+    args = bench_prompt_cache.make_parser().parse_args([*argv, "--conversations", "0"])
     result = await bench_prompt_cache.benchmark(args.url, args)
     instance = result["instance"]
     assert instance["url"] == "http://server:2"
