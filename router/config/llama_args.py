@@ -77,6 +77,7 @@ ROUTER_OWNED: Mapping[str, str] = {
     "ctx-size": "use the `ctx` key of [models.NAME]",
     "parallel": "use the `parallel` key of [models.NAME]",
     "gpu-layers": "use the `gpu_layers` key of [models.NAME]",
+    "cache-ram": "use the `cram` key (MiB per replica) of [models.NAME] or [defaults]",
     "fit": "the router always passes --fit off so that weights never spill to the CPU",
     "api-key": "replicas listen on loopback only; set router.api_keys to protect the router",
     "api-key-file": "replicas listen on loopback only; set router.api_keys_file to protect the router",
