@@ -166,8 +166,11 @@ def llama_server_argv(
     ctx: int,
     gpu_layers: int,
     host: str = "127.0.0.1",
+    cache_ram_mib: int | None = None,
 ) -> list[str]:
     """The full argv of one replica: the router's own flags, then the merged pass-through flags.
+
+    ``cache_ram_mib`` is the host-memory prompt cache (``--cache-ram``; None: the flag is left out).
 
     Raises ValueError when a pass-through flag is one the router sets itself (a validated Config never
     has one).
@@ -194,6 +197,8 @@ def llama_server_argv(
         "--fit",
         "off",
     ]
+    if cache_ram_mib is not None:
+        argv += ["--cache-ram", str(cache_ram_mib)]
     return argv + render_flags(flags)
 
 
