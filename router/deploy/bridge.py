@@ -1,11 +1,12 @@
 """Placement for the running router and for ``python -m router plan``.
 
-Reads every model's GGUF header, gathers GPU budgets (NVML, declared ``[devices.N]``, or host memory on a
-machine without GPUs) and turns each model's plan into what the scheduler and the launcher need: the context
-and layer count to start with, the bytes per GPU one replica takes, and the refusal text for a model that
-can never fit. A file that is not a readable GGUF gets no prediction: it is started with its configured
-context and its load reports the problem (a missing or unreadable file never gets this far when the router
-runs: ``router.config.load.check_model_files`` refuses the configuration; ``plan`` reports it as an error).
+Reads every model's GGUF header, gathers GPU budgets (NVML, declared ``[devices.N]``) and the host's memory
+(the budget of models without a GPU, and what prompt caches are sized against) and turns each model's plan
+into what the scheduler and the launcher need: the context and layer count to start with, the bytes per GPU
+one replica takes, the prompt-cache MiB, and the refusal text for a model that can never fit. A file that
+is not a readable GGUF gets no prediction: it is started with its configured context and its load reports
+the problem (a missing or unreadable file never gets this far when the router runs:
+``router.config.load.check_model_files`` refuses the configuration; ``plan`` reports it as an error).
 """
 
 from __future__ import annotations
