@@ -77,6 +77,7 @@ ROUTER_OWNED: Mapping[str, str] = {
     "ctx-size": "use the `ctx` key of [models.NAME]",
     "parallel": "use the `parallel` key of [models.NAME]",
     "gpu-layers": "use the `gpu_layers` key of [models.NAME]",
+    "cache-ram": "use the `cram` key (MiB per replica) of [models.NAME] or [defaults]",
     "fit": "the router always passes --fit off so that weights never spill to the CPU",
     "api-key": "replicas listen on loopback only; set router.api_keys to protect the router",
     "api-key-file": "replicas listen on loopback only; set router.api_keys_file to protect the router",
@@ -165,8 +166,11 @@ def llama_server_argv(
     ctx: int,
     gpu_layers: int,
     host: str = "127.0.0.1",
+    cache_ram_mib: int | None = None,
 ) -> list[str]:
     """The full argv of one replica: the router's own flags, then the merged pass-through flags.
+
+    ``cache_ram_mib`` is the host-memory prompt cache (``--cache-ram``; None: the flag is left out).
 
     Raises ValueError when a pass-through flag is one the router sets itself (a validated Config never
     has one).
@@ -193,6 +197,8 @@ def llama_server_argv(
         "--fit",
         "off",
     ]
+    if cache_ram_mib is not None:
+        argv += ["--cache-ram", str(cache_ram_mib)]
     return argv + render_flags(flags)
 
 

@@ -36,6 +36,7 @@ from router.config.tables import (
     parse_devices,
     parse_flags,
     parse_model,
+    parse_model_defaults,
     parse_pool,
 )
 from router.config.values import (
@@ -146,13 +147,17 @@ def config_from_dict(
             raise doc.unknown(str(key), value, TOP_LEVEL_KEYS)
     router = _router(doc, doc.table("router", data.get("router")), env)
     devices = parse_devices(doc, doc.table("devices", data.get("devices")), router.num_gpus)
-    defaults = parse_flags(doc, "defaults", doc.table("defaults", data.get("defaults")), in_model=False)
+    model_defaults, default_flags = parse_model_defaults(doc, doc.table("defaults", data.get("defaults")))
+    defaults = parse_flags(doc, "defaults", default_flags, in_model=False)
     models_table = doc.table("models", data.get("models"))
     if not models_table:
         raise ConfigError(
             doc.path, "models is missing: at least one [models.NAME] table is required", key="models"
         )
-    models = {name: parse_model(doc, name, raw, router.num_gpus) for name, raw in models_table.items()}
+    models = {
+        name: parse_model(doc, name, raw, router.num_gpus, model_defaults)
+        for name, raw in models_table.items()
+    }
     pools = {
         name: parse_pool(doc, name, raw, models)
         for name, raw in doc.table("pools", data.get("pools")).items()

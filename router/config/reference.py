@@ -52,7 +52,8 @@ def reference_markdown() -> str:
         "### `[defaults]`",
         "",
         "llama-server flags applied to every model; a model's own flags win. See the pass-through rules "
-        "under `[models.NAME]`.",
+        "under `[models.NAME]`. Of the model keys, only `cram` may be set here too (a model's own `cram` "
+        "wins).",
         "",
         "### `[models.NAME]`",
         "",
@@ -63,8 +64,9 @@ def reference_markdown() -> str:
         "`true` becomes the bare flag, `false` leaves the flag out (also one set in `[defaults]`), a list "
         "repeats the flag once per item. Flags the router sets itself are refused: `host`, `port`, "
         "`m`/`model` (use `model`), `c`/`ctx-size` (use `ctx`), `np`/`parallel` (use `parallel`), "
-        "`ngl`/`gpu-layers`/`n-gpu-layers` (use `gpu_layers`), `fit` (always `--fit off`: weights never "
-        "spill to the CPU), `api-key`/`api-key-file`, `models-dir`/`models-max`, and `device`/`dev` and "
+        "`ngl`/`gpu-layers`/`n-gpu-layers` (use `gpu_layers`), `cache-ram`/`-cram` (use the `cram` key), "
+        "`fit` (always `--fit off`: weights never spill to the CPU), `api-key`/`api-key-file`, "
+        "`models-dir`/`models-max`, and `device`/`dev` and "
         "`main-gpu`/`mg` (each replica sees only its model's GPUs, renumbered from 0: use `gpus`). "
         "Replicas start in the config file's directory, so relative paths in flag values (`mmproj`, "
         "`model-draft`, ...) start there too. At startup and on every reload each key is checked against "

@@ -324,6 +324,9 @@ DEVICE_KEYS: tuple[KeySpec, ...] = (
     ),
 )
 
+# Model keys that [defaults] may also set; a model's own value wins.
+DEFAULTABLE_MODEL_KEYS: tuple[str, ...] = ("cram",)
+
 GPUS_TYPE = 'list of GPU ids, "all" or -1'
 PRICING_TYPE = "table of numbers"
 EFFORT_TYPE = "table"
@@ -365,6 +368,17 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
         "Layers offloaded to the GPUs (llama-server `-ngl`), overriding placement's choice of all layers.",
         0,
         default_text="all layers",
+    ),
+    KeySpec(
+        "cram",
+        INTEGER,
+        None,
+        "MiB of host memory each replica may keep for the prompt states of recent conversations "
+        "(llama-server `--cache-ram`); 0 turns that cache off. Also settable in `[defaults]`. Unset: room "
+        "for two full slot contexts of this model, between 256 and 8192 MiB, never more than the host can "
+        "spare (see Prompt caching).",
+        0,
+        default_text="auto",
     ),
     KeySpec("aliases", STRING_LIST, (), "Other names clients may use for this model.", default_text="[]"),
     KeySpec("pinned", BOOLEAN, False, "A pinned model is never evicted."),

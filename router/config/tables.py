@@ -13,7 +13,15 @@ from typing import Any
 
 from router.config.keyspec import InvalidValue, KeySpec, check_value, render_value
 from router.config.llama_args import flag_identity, router_owned_hint
-from router.config.schema import CACHE_TYPES, DEVICE_KEYS, EFFORT_KEYS, MODEL_KEYS, POOL_KEYS, PRICING_KEYS
+from router.config.schema import (
+    CACHE_TYPES,
+    DEFAULTABLE_MODEL_KEYS,
+    DEVICE_KEYS,
+    EFFORT_KEYS,
+    MODEL_KEYS,
+    POOL_KEYS,
+    PRICING_KEYS,
+)
 from router.config.values import (
     ALL_GPUS,
     ConfigError,
@@ -117,6 +125,8 @@ def parse_flags(
         dotted = f"{prefix}.{key}"
         if value is None:
             continue
+        if not in_model and key.lstrip("-") in DEFAULTABLE_MODEL_KEYS:
+            raise doc.invalid(dotted, value, f"write the router key without dashes: {key.lstrip('-')}")
         if not in_model and key in _MODEL_ROUTER_KEYS:
             raise doc.invalid(dotted, value, f"{key} is a per-model key; set it in [models.NAME]")
         if (
@@ -183,7 +193,22 @@ def _check_name(doc: Doc, key: str, name: Any, what: str) -> str:
     return name
 
 
-def parse_model(doc: Doc, name: str, raw: Any, num_gpus: int | None) -> ModelConfig:
+def parse_model_defaults(doc: Doc, table: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``[defaults]`` split into the model keys it may set (checked: ``DEFAULTABLE_MODEL_KEYS``) and the
+    rest (llama-server flags, for :func:`parse_flags`)."""
+    specs = {spec.name: spec for spec in MODEL_KEYS}
+    keys = {
+        key: doc.check("defaults", specs[key], value)
+        for key, value in table.items()
+        if key in DEFAULTABLE_MODEL_KEYS and value is not None
+    }
+    return keys, {key: value for key, value in table.items() if key not in DEFAULTABLE_MODEL_KEYS}
+
+
+def parse_model(
+    doc: Doc, name: str, raw: Any, num_gpus: int | None, defaults: Mapping[str, Any] | None = None
+) -> ModelConfig:
+    """``[models.NAME]``; ``defaults`` holds the model keys ``[defaults]`` set (see parse_model_defaults)."""
     prefix = f"models.{name}"
     _check_name(doc, prefix, name, "a model name")
     table = doc.table(prefix, raw)
@@ -191,7 +216,9 @@ def parse_model(doc: Doc, name: str, raw: Any, num_gpus: int | None) -> ModelCon
     values: dict[str, Any] = {}
     for spec in MODEL_KEYS:
         value = table.get(spec.name)
-        if value is None:
+        if value is None and defaults is not None and spec.name in defaults:
+            values[spec.name] = defaults[spec.name]
+        elif value is None:
             if spec.required:
                 raise doc.missing(f"{prefix}.{spec.name}", spec.allowed())
             if spec.name == "gpus" and num_gpus == 0:

@@ -86,8 +86,10 @@ class ModelConfig:
 
     ``path`` is the GGUF file (the ``model`` key). ``gpus`` is a sorted tuple of distinct ids or
     :data:`ALL_GPUS`. ``ctx`` None means automatic; ``gpu_layers`` None means placement's choice;
-    ``ttl`` None means never unloaded for idleness. ``extra_args`` holds every other key of the table as
-    (key as written, value) pairs in file order: llama-server flags, rendered by ``router.config.llama_args``.
+    ``ttl`` None means never unloaded for idleness; ``cram`` (MiB of host-memory prompt cache per
+    replica, ``[defaults]`` already applied) None means sized by placement. ``extra_args`` holds every
+    other key of the table as (key as written, value) pairs in file order: llama-server flags, rendered by
+    ``router.config.llama_args``.
     """
 
     name: str
@@ -97,6 +99,7 @@ class ModelConfig:
     parallel: int = 1
     ctx: int | None = None
     gpu_layers: int | None = None
+    cram: int | None = None
     aliases: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     pinned: bool = False
     ttl: float | None = None

@@ -1,11 +1,12 @@
 """Placement for the running router and for ``python -m router plan``.
 
-Reads every model's GGUF header, gathers GPU budgets (NVML, declared ``[devices.N]``, or host memory on a
-machine without GPUs) and turns each model's plan into what the scheduler and the launcher need: the context
-and layer count to start with, the bytes per GPU one replica takes, and the refusal text for a model that
-can never fit. A file that is not a readable GGUF gets no prediction: it is started with its configured
-context and its load reports the problem (a missing or unreadable file never gets this far when the router
-runs: ``router.config.load.check_model_files`` refuses the configuration; ``plan`` reports it as an error).
+Reads every model's GGUF header, gathers GPU budgets (NVML, declared ``[devices.N]``) and the host's memory
+(the budget of models without a GPU, and what prompt caches are sized against) and turns each model's plan
+into what the scheduler and the launcher need: the context and layer count to start with, the bytes per GPU
+one replica takes, the prompt-cache MiB, and the refusal text for a model that can never fit. A file that
+is not a readable GGUF gets no prediction: it is started with its configured context and its load reports
+the problem (a missing or unreadable file never gets this far when the router runs:
+``router.config.load.check_model_files`` refuses the configuration; ``plan`` reports it as an error).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import logging
 import sys
 from collections.abc import Mapping
 from typing import Any
+
+import attrs
 
 from router.config.llama_args import cache_types
 from router.config.load import Config, ConfigError, config_dir, resolve_gpus
@@ -59,6 +62,7 @@ def placement_inputs(config: Config, ids: tuple[int, ...]) -> list[PlacementInpu
                 cache_type_v=v,
                 ctx_floor=config.router.ctx_floor,
                 ctx_default=config.router.ctx_default,
+                cram=model.cram,
                 **flags.as_kwargs(),
             )
         )
@@ -69,10 +73,19 @@ def _decision(config: Config, plan: ModelPlan, budgets: Mapping[int, int | None]
     model = config.models[plan.name]
     if plan.verdict == "refused":
         fallback = default_decision(model)
-        return ModelDecision(fallback.ctx, fallback.gpu_layers, {}, plan.message)
+        return ModelDecision(
+            fallback.ctx,
+            fallback.gpu_layers,
+            {},
+            plan.message,
+            cram_mib=fallback.cram_mib if plan.cram_mib is None else plan.cram_mib,
+        )
     if plan.verdict == "error" or plan.ctx is None or plan.gpu_layers is None:
         log.warning("no memory prediction for %s: %s", plan.name, plan.message)
-        return default_decision(model)
+        fallback = default_decision(model)
+        return attrs.evolve(
+            fallback, cram_mib=plan.cram_mib if plan.cram_mib is not None else fallback.cram_mib
+        )
     need = dict(plan.need_by_gpu)
     if plan.verdict == "override":
         # An operator's setting loads even when predicted over budget: the scheduler counts it as taking
@@ -81,7 +94,9 @@ def _decision(config: Config, plan: ModelPlan, budgets: Mapping[int, int | None]
             budget = budgets.get(gpu)
             if budget is not None and bytes_needed * max(1, plan.num_instance) > budget:
                 need[gpu] = budget // max(1, plan.num_instance)
-    return ModelDecision(plan.ctx, plan.gpu_layers, need, tensor_split=tuple(plan.tensor_split))
+    return ModelDecision(
+        plan.ctx, plan.gpu_layers, need, tensor_split=tuple(plan.tensor_split), cram_mib=plan.cram_mib
+    )
 
 
 def plan(
@@ -105,8 +120,7 @@ def plan(
     gpus = {device: b for device, b in budgets.items() if isinstance(device, int)}
     ids = gpu_ids(config, len(gpus))
     inputs = placement_inputs(config, ids)
-    if any(not inp.gpus for inp in inputs):
-        budgets[CPU] = host_budget()
+    budgets[CPU] = host_budget()  # CPU-only models are planned against it; prompt caches live there
     plans = plan_models(inputs, budgets, config.router.gpu_reserve_mib * MIB)
     scheduler_budgets = {gpu: gpus[gpu].budget if gpu in gpus else None for gpu in ids}
     decisions = {p.name: _decision(config, p, scheduler_budgets) for p in plans}
@@ -121,7 +135,10 @@ def plan(
                 gpu,
                 config.router.ctx_default,
             )
-    return ids, scheduler_budgets, decisions, plan_document(plans, budgets)
+    document = plan_document(plans, budgets)
+    if document["host"]["warning"]:
+        log.warning("%s", document["host"]["warning"])
+    return ids, scheduler_budgets, decisions, document
 
 
 def plan_command(source: ConfigSource, *, as_json: bool) -> int:

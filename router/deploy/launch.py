@@ -13,6 +13,7 @@ import attrs
 from router.config.llama_args import llama_server_argv
 from router.config.load import Config, ConfigError, resolve_gpus
 from router.config.values import ModelConfig
+from router.placement.prompt_cache import CRAM_MIN_MIB
 from statemachine import DeviceSpec, ModelSpec, Policy, PoolSpec, Settings
 
 DEFAULT_CTX = 4096
@@ -21,7 +22,7 @@ ALL_LAYERS = 999
 
 @attrs.frozen
 class ModelLaunch:
-    """How replicas of one model start: every value already decided."""
+    """How replicas of one model start: every value already decided (``cram_mib``: ``--cache-ram``)."""
 
     model: ModelConfig
     binary: str
@@ -30,6 +31,7 @@ class ModelLaunch:
     ctx: int
     gpu_layers: int
     tensor_split: tuple[int, ...] = ()
+    cram_mib: int | None = None
 
     @property
     def ctx_per_slot(self) -> int:
@@ -37,7 +39,13 @@ class ModelLaunch:
 
     def argv(self, port: int) -> tuple[str, ...]:
         argv = llama_server_argv(
-            self.binary, self.model, self.defaults, port=port, ctx=self.ctx, gpu_layers=self.gpu_layers
+            self.binary,
+            self.model,
+            self.defaults,
+            port=port,
+            ctx=self.ctx,
+            gpu_layers=self.gpu_layers,
+            cache_ram_mib=self.cram_mib,
         )
         if not any(a in ("-a", "--alias") for a in argv):
             argv += ["--alias", self.model.name]  # replies name the model as clients know it
@@ -49,13 +57,14 @@ class ModelLaunch:
 
 @attrs.frozen
 class ModelDecision:
-    """What placement decided for a model (context, layers, bytes per GPU, refusal)."""
+    """What placement decided for a model (context, layers, bytes per GPU, refusal, prompt-cache MiB)."""
 
     ctx: int
     gpu_layers: int
     need: Mapping[int, int] = attrs.field(factory=dict)
     refusal: str | None = None
     tensor_split: tuple[int, ...] = ()
+    cram_mib: int | None = None
 
 
 def gpu_ids(config: Config, detected: int) -> tuple[int, ...]:
@@ -73,11 +82,12 @@ def gpu_ids(config: Config, detected: int) -> tuple[int, ...]:
 
 def default_decision(model: ModelConfig) -> ModelDecision:
     """What a model starts with when placement has no prediction: its own settings, else every layer on
-    its GPUs (none for a CPU-only model) and the default context."""
+    its GPUs (none for a CPU-only model), the default context and the smallest automatic prompt cache."""
     layers = ALL_LAYERS if model.gpu_layers is None else model.gpu_layers
     if model.gpus == ():
         layers = 0
-    return ModelDecision(ctx=model.ctx or DEFAULT_CTX, gpu_layers=layers)
+    cram = CRAM_MIN_MIB if model.cram is None else model.cram
+    return ModelDecision(ctx=model.ctx or DEFAULT_CTX, gpu_layers=layers, cram_mib=cram)
 
 
 def launches(
@@ -94,6 +104,7 @@ def launches(
             ctx=decision.ctx,
             gpu_layers=decision.gpu_layers,
             tensor_split=decision.tensor_split,
+            cram_mib=decision.cram_mib,
         )
     return out
 

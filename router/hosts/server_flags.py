@@ -26,7 +26,7 @@ from pathlib import Path
 
 from router.config.keyspec import render_value
 from router.config.llama_args import ROUTER_OWNED, flag_identity, render_flag
-from router.config.schema import MODEL_KEYS
+from router.config.schema import DEFAULTABLE_MODEL_KEYS, MODEL_KEYS
 from router.config.values import Config, ConfigError, FlagValue
 from router.hosts.locate import router_home
 
@@ -49,6 +49,7 @@ _OWNED_BY_KEY = {
     "model": "model",
     "device": "gpus",
     "main-gpu": "gpus",
+    "cache-ram": "cram",
 }
 _MODEL_KEYS = tuple(spec.name for spec in MODEL_KEYS)
 
@@ -169,13 +170,15 @@ def _suggestion(name: str, accepted: frozenset[str], in_model: bool) -> str:
         return ""
     guess = close[0]
     if guess in _MODEL_KEYS:
+        if not in_model and guess in DEFAULTABLE_MODEL_KEYS:
+            return f"; did you mean `{guess}`?"
         if not in_model:
             return f"; did you mean `{guess}` (a per-model key: set it in [models.NAME])?"
         return f"; did you mean `{guess}` (use the `{guess}` key)?"
     identity = flag_identity(guess)
     if identity in _OWNED_BY_KEY:
         owner = _OWNED_BY_KEY[identity]
-        if in_model:
+        if in_model or owner in DEFAULTABLE_MODEL_KEYS:
             return f"; did you mean `{guess}` (use the `{owner}` key)?"
         return f"; did you mean `{guess}` (set `{owner}` per model in [models.NAME])?"
     if identity in ROUTER_OWNED:

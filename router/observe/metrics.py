@@ -36,6 +36,9 @@ REPLICA_STATES = ("loading", "ready", "draining", "stopping")
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 LOAD_BUCKETS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+# A prompt at least this long that reused no cached token counts as a prompt-cache miss; shorter ones are
+# cheap to compute again and would mostly count first turns.
+CACHE_MISS_MIN_PROMPT = 256
 
 
 STOP_LABELS: dict[KillCause, str] = {
@@ -126,6 +129,13 @@ DECLARED = (
         Counter,
         "llama_router_prompt_cache_hits",
         "Requests that reused at least one cached prompt token.",
+        ("model",),
+    ),
+    Declared(
+        "cache_misses",
+        Counter,
+        "llama_router_prompt_cache_misses",
+        f"Requests with a prompt of at least {CACHE_MISS_MIN_PROMPT} tokens that reused no cached token.",
         ("model",),
     ),
     Declared("loads", Counter, "llama_router_loads", "Replica loads started.", ("model",)),
@@ -229,6 +239,8 @@ class RouterMetrics:
         if record.cached_tokens:
             count["cached_tokens"].labels(model).inc(record.cached_tokens)
             count["cache_hits"].labels(model).inc()
+        elif record.cached_tokens == 0 and (record.prompt_tokens or 0) >= CACHE_MISS_MIN_PROMPT:
+            count["cache_misses"].labels(model).inc()
 
     def on_happening(self, kind: str, data: dict[str, Any]) -> None:
         model = str(data.get("model", ""))

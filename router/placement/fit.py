@@ -72,6 +72,7 @@ from router.placement.footprint import CPU, DEFAULT_RESERVE, Footprint, estimate
 from router.placement.geometry import FootprintError, ModelGeometry, geometry_from_header
 from router.placement.gguf_header import GGUFError, read_header
 from router.placement.model_plan import Device, DeviceRow, ModelPlan, PlacementInput
+from router.placement.prompt_cache import sequence_cost
 
 __all__ = ["decide", "plan_model"]
 
@@ -111,6 +112,13 @@ def _plan(
 ) -> ModelPlan:
     rows = _rows(fp, budgets)
     need = {} if cpu_only else {int(r.device): r.total for r in rows}
+    state = sequence_cost(
+        geometry,
+        cache_type_k=inp.cache_type_k,
+        cache_type_v=inp.cache_type_v,
+        ubatch=min(inp.ubatch, inp.batch),
+        swa_full=inp.swa_full,
+    )
     known = [b for b in budgets.values() if b is not None]
     split = tuple(max(1, b // MiB) for b in known) if len(known) == len(rows) > 1 else ()
     if inp.tensor_split:
@@ -133,6 +141,8 @@ def _plan(
         cache_type_k=inp.cache_type_k,
         cache_type_v=inp.cache_type_v,
         tensor_split=split,
+        state_bytes_per_token=state.per_token,
+        slot_state_bytes=state.bytes_at(fp.layout.n_ctx_seq),
     )
 
 

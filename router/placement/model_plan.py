@@ -40,7 +40,8 @@ class PlacementInput:
     weights, one per GPU of ``gpus``; empty: split by budgets), ``host_patterns`` (tensor-name regexes
     kept in host memory) with ``host_flags`` (the flags as written, for messages), ``mmproj`` and
     ``mmproj_offload``, ``draft``; ``unsupported`` lists the flags placement cannot model, each with the
-    reason, and makes the verdict "refused".
+    reason, and makes the verdict "refused". ``cram`` is the configured prompt-cache size in MiB per
+    replica (None: automatic, see ``router.placement.prompt_cache``).
     """
 
     name: str
@@ -68,6 +69,7 @@ class PlacementInput:
     mmproj_offload: bool = True
     draft: DraftInput | None = None
     unsupported: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    cram: int | None = None
 
 
 @attrs.frozen
@@ -110,7 +112,11 @@ class ModelPlan:
     training context (0 when the header does not say). ``tensor_split`` (multi-GPU models with known
     budgets) holds the per-GPU weights, in MiB, the layer split was planned with: pass it as
     ``--tensor-split`` so llama.cpp splits the layers as planned instead of by the free memory it sees
-    at load time.
+    at load time. ``state_bytes_per_token`` is what one more token of a cached conversation costs in the
+    full-attention layers, ``slot_state_bytes`` the state of one full slot context (sliding-window and
+    recurrent layers included; see ``router.placement.prompt_cache``); ``cram_mib`` the ``--cache-ram``
+    figure each replica gets and ``cram_source`` where it came from (``config``, ``auto``, or ``host``
+    when the host's share capped the automatic figure), both set once every model is planned.
     """
 
     name: str
@@ -130,6 +136,10 @@ class ModelPlan:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     tensor_split: tuple[int, ...] = ()
+    state_bytes_per_token: int = 0
+    slot_state_bytes: int = 0
+    cram_mib: int | None = None
+    cram_source: str = ""
 
     @property
     def need_total_by_gpu(self) -> dict[int, int]:

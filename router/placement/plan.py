@@ -13,8 +13,9 @@ from router.placement.budgets import DeviceBudget
 from router.placement.fit import plan_model
 from router.placement.footprint import CPU, DEFAULT_RESERVE
 from router.placement.model_plan import Device, ModelPlan, PlacementInput
+from router.placement.prompt_cache import host_summary, size_prompt_caches
 
-__all__ = ["PLAN_VERSION", "format_plan_table", "plan_document", "plan_models"]
+__all__ = ["PLAN_VERSION", "format_plan_table", "host_total", "plan_document", "plan_models"]
 
 PLAN_VERSION = 1
 MiB = 1 << 20
@@ -26,13 +27,25 @@ def plan_models(
     devices: Mapping[Device, int | None] | Mapping[Device, DeviceBudget],
     reserve: int = DEFAULT_RESERVE,
 ) -> list[ModelPlan]:
-    """:func:`router.placement.fit.plan_model` for each input, against the same device budgets."""
+    """:func:`router.placement.fit.plan_model` for each input, against the same device budgets, then
+    every model's prompt cache sized against the host (``router.placement.prompt_cache``)."""
     budgets = _budget_bytes(devices)
-    return [plan_model(inp, budgets, reserve) for inp in inputs]
+    inputs = list(inputs)
+    plans = [plan_model(inp, budgets, reserve) for inp in inputs]
+    return size_prompt_caches(plans, {inp.name: inp.cram for inp in inputs}, host_total(devices))
 
 
 def _budget_bytes(devices: Mapping[Device, Any]) -> dict[Device, int | None]:
     return {d: (b.budget if isinstance(b, DeviceBudget) else b) for d, b in devices.items()}
+
+
+def host_total(devices: Mapping[Device, Any]) -> int | None:
+    """The host's memory as prompt caches are sized against it: the ``"cpu"`` device's total (a plain
+    number given for it counts as the total); None when there is no such device or it is unknown."""
+    host = devices.get(CPU)
+    if isinstance(host, DeviceBudget):
+        return host.total if host.declared is None else host.declared
+    return host
 
 
 def _device_entry(device: Device, value: Any) -> dict[str, Any]:
@@ -86,6 +99,10 @@ def _model_entry(plan: ModelPlan) -> dict[str, Any]:
         "need_total_by_gpu": {str(gpu): need for gpu, need in plan.need_total_by_gpu.items()},
         "host_bytes": plan.host_bytes,
         "tensor_split": list(plan.tensor_split),
+        "state_bytes_per_token": plan.state_bytes_per_token,
+        "slot_state_bytes": plan.slot_state_bytes,
+        "cram_mib": plan.cram_mib,
+        "cram_source": plan.cram_source,
         "devices": [
             {
                 "device": row.device,
@@ -132,13 +149,20 @@ def plan_document(plans: Sequence[ModelPlan], devices: Mapping[Device, Any]) -> 
         memory besides compute buffers (token embeddings, layers and tensors left on the CPU, a
         projector that is not offloaded, the KV cache under ``--no-kv-offload``); ``tensor_split``
         the per-GPU weights (MiB) the layer split assumes, to pass as ``--tensor-split`` (empty for
-        single-device models and when the operator sets it); ``devices`` the per-device prediction
+        single-device models and when the operator sets it); ``state_bytes_per_token`` and
+        ``slot_state_bytes`` what a cached conversation costs per full-attention token and at a full
+        slot context; ``cram_mib`` the ``--cache-ram`` each replica gets and ``cram_source`` whence
+        (``config``, ``auto``, ``host``: capped by the host's share); ``devices`` the per-device prediction
         for one replica: ``device``, ``layers`` (repeating layers held), ``weights_bytes``,
         ``kv_bytes_per_token`` (full-attention KV per context token), ``kv_bytes`` (all KV at
         ``ctx_tried``, sliding-window layers included), ``recurrent_bytes`` (fixed SSM state),
         ``compute_bytes``, ``reserve_bytes``, ``total_bytes``, ``budget_bytes``; ``draft_bytes`` and
         ``projector_bytes`` the parts of the total a draft model and a multimodal projector take
         (already inside the weights, KV and compute figures).
+
+    ``host``: what all replicas together may keep in host memory, prompt caches included
+        (``router.placement.prompt_cache.host_summary``); its ``warning`` says when that exceeds the
+        host's memory.
     """
     gpus = sorted(((d, v) for d, v in devices.items() if isinstance(d, int)), key=lambda kv: kv[0])
     ordered = gpus + [(d, v) for d, v in devices.items() if not isinstance(d, int)]
@@ -146,6 +170,7 @@ def plan_document(plans: Sequence[ModelPlan], devices: Mapping[Device, Any]) -> 
         "version": PLAN_VERSION,
         "devices": [_device_entry(d, v) for d, v in ordered],
         "models": [_model_entry(p) for p in plans],
+        "host": host_summary(plans, host_total(devices)),
     }
 
 
@@ -168,9 +193,17 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
     return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
+def _cram(model: Mapping[str, Any]) -> str:
+    mib = model.get("cram_mib")
+    if mib is None:
+        return "-"
+    return f"{mib}" + ("" if model.get("cram_source") == "config" else f" ({model.get('cram_source')})")
+
+
 def format_plan_table(doc: Mapping[str, Any]) -> str:
     """A plain-text rendering of :func:`plan_document` for terminals (sizes in GiB; ``host`` is the
-    model's ``host_bytes`` per replica)."""
+    model's ``host_bytes`` per replica; ``cram`` its prompt cache in MiB per replica and, unless configured,
+    how it was sized)."""
     out: list[str] = []
     dev_rows = [
         [
@@ -209,6 +242,7 @@ def format_plan_table(doc: Mapping[str, Any]) -> str:
                     "-" if d is None else _gib(d["reserve_bytes"]),
                     "-" if d is None else _gib(d["total_bytes"]),
                     "-" if d is None else _gib(d["budget_bytes"]),
+                    _cram(m) if first else "",
                     _gib(m["host_bytes"]) if first else "",
                     (f"x{m['num_instance']}" if m["num_instance"] > 1 else "") if first else "",
                 ]
@@ -226,11 +260,15 @@ def format_plan_table(doc: Mapping[str, Any]) -> str:
         "reserve",
         "total",
         "budget",
+        "cram",
         "host",
         "replicas",
     ]
-    out += _table(header, rows, {2, 3, 4, 6, 7, 8, 9, 10, 11, 12})
+    out += _table(header, rows, {2, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13})
     notes = [m["message"] for m in doc["models"] if m["message"]]
+    host = doc.get("host") or {}
+    if host.get("warning"):
+        notes.append(host["warning"])
     if notes:
         out.append("")
         out += notes

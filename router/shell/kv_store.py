@@ -25,8 +25,11 @@ import attrs
 
 __all__ = ["KvStore", "SavedState", "common_prefix", "shelf_name", "tokens_in_state_file"]
 
-# Flags whose values do not change what a slot's KV state is: where the process listens and logs.
-_IRRELEVANT = frozenset({"--port", "--host", "--slot-save-path", "--log-file", "-a", "--alias"})
+# Flags whose values do not change what a slot's KV state is: where the process listens and logs, and the
+# size of its host-RAM cache.
+_IRRELEVANT = frozenset(
+    {"--port", "--host", "--slot-save-path", "--log-file", "-a", "--alias", "--cache-ram", "-cram"}
+)
 _STRAY_AGE = 600.0  # seconds after which a state file without its partner is a leftover, not a save underway
 _MAX_HEADER_WORDS = 16  # the token count sits among the first few 32-bit words of a state file
 

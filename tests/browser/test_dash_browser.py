@@ -60,6 +60,7 @@ async def test_dashboard_shows_timeline_residency_and_history(tmp_path: Path) ->
     async with gguf_router(tmp_path, models, router=router, devices=devices) as h:
         await make_traffic(h.client, h.router)
         await trio.sleep(2.5)  # one more sample after the last change
+        answered = (await h.client.get("/history", params={"limit": 1000, "status": "ok"})).json()["rows"]
         dom = (await chromium(browser, "--virtual-time-budget=6000", "--dump-dom", f"{h.url}/dash")).decode()
         OUTPUTS.mkdir(exist_ok=True)
         for name, size in (("dashboard.png", "1280,1720"), ("dashboard-phone.png", "390,2400")):
@@ -98,6 +99,19 @@ async def test_dashboard_shows_timeline_residency_and_history(tmp_path: Path) ->
     statuses = [e["data-status"] for e in elements(dom, "tr", class_="hist-row")]
     assert statuses.count("200") == 5 and {"404", "503", "499"} <= set(statuses), statuses
     assert len(statuses) == 8
+    # The prompt cache chart: per model that answered, its share over time from the same history rows.
+    assert len(elements(dom, "svg", class_="cache-chart")) == 1
+    lines = {e["data-model"]: e for e in elements(dom, "path", class_="line-cache")}
+    served = {r["model_served"] for r in answered if r["prompt_tokens"] and r["cached_tokens"] is not None}
+    assert set(lines) == served and {"llama-8b", "mistral-7b", "phi-mini", "qwen-14b"} <= served
+    for model, line in lines.items():
+        rows = [r for r in answered if r["model_served"] == model and r["prompt_tokens"]]
+        assert int(line["data-prompt"]) == sum(r["prompt_tokens"] for r in rows) > 0
+        assert int(line["data-cached"]) == sum(r["cached_tokens"] for r in rows)
+        assert int(line["data-points"]) >= 1 and line["d"].startswith("M")
+    assert len(elements(dom, "circle", class_="dot-cache")) >= len(served)
+    shares = {e["data-model"] for e in elements(dom, "span", class_="cache-share")}
+    assert shares == served
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -14,9 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.config.load import config_from_dict
 from router.hosts.gpu_readers import GpuReading, NvmlSource
+from router.journal.records import RequestRecord
 from router.journal.usage import UsageSniffer
 from router.observe.gpu_sampler import GpuSampler
-from router.observe.metrics import STOP_LABELS, RouterMetrics, stop_label
+from router.observe.metrics import CACHE_MISS_MIN_PROMPT, STOP_LABELS, RouterMetrics, stop_label
 from router.serve.server import build_router
 from statemachine import KillCause
 from statemachine.queries import queued, used
@@ -266,6 +267,35 @@ async def test_the_sniffer_reads_the_same_usage_whatever_the_chunking(tmp_path: 
         assert usage.generated_tokens == 9
         assert usage.prompt_tokens is not None and usage.prompt_tokens > 0
         assert saw_content == sse
+
+
+async def test_long_prompts_that_reuse_nothing_count_as_cache_misses(tmp_path: Path) -> None:
+    doc = {
+        "router": {"history_db": str(tmp_path / "h"), "replica_logs": str(tmp_path / "logs")},
+        "models": {"m": {"model": str(write_sim_model(tmp_path, "m"))}},
+    }
+    metrics = RouterMetrics(build_router(config_from_dict(doc, "test")))
+    long = CACHE_MISS_MIN_PROMPT
+    for prompt, cached in ((long, 0), (long - 1, 0), (long, None), (long * 4, long), (long * 2, 0)):
+        metrics.observe(
+            RequestRecord(
+                at=0.0,
+                client="c",
+                endpoint="/v1/chat/completions",
+                model_asked="m",
+                model_served="m",
+                status=200,
+                duration=0.1,
+                prompt_tokens=prompt,
+                cached_tokens=cached,
+            )
+        )
+    samples = parse((await metrics.render()).decode())
+    # a short prompt, and a reply that did not say what it reused, are no misses
+    assert value(samples, "llama_router_prompt_cache_misses_total", model="m") == 2
+    assert value(samples, "llama_router_prompt_cache_hits_total", model="m") == 1
+    assert value(samples, "llama_router_prompt_tokens_total", model="m") == 9 * long - 1
+    assert value(samples, "llama_router_cached_prompt_tokens_total", model="m") == long
 
 
 def test_stop_causes_get_short_labels() -> None:

@@ -50,3 +50,6 @@ async def test_a_model_that_never_fits_is_refused_with_the_arithmetic(tmp_path: 
         assert argv[argv.index("-c") + 1] == str(chosen["ctx"])
         assert argv[argv.index("-ngl") + 1] == str(chosen["gpu_layers"])
         assert "--tensor-split" in argv
+        assert argv[argv.index("--cache-ram") + 1] == str(chosen["cram_mib"])
+        assert chosen["cram_source"] in ("auto", "host") and chosen["slot_state_bytes"] > 0
+        assert plan["host"]["models"][0]["name"] == "small"  # a refused model keeps no host memory

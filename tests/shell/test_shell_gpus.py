@@ -167,6 +167,7 @@ async def test_command_line_carries_router_flags_and_pass_through_flags(tmp_path
             "ctx": 2048,
             "parallel": 2,
             "gpu_layers": 20,
+            "cram": 3000,
             "ctk": "q4_0",
             "flash-attn": "on",
             "override-kv": ["a=int:1", "b=int:2"],
@@ -192,6 +193,7 @@ async def test_command_line_carries_router_flags_and_pass_through_flags(tmp_path
     assert _value_after(tuned, "-ctk") == "q4_0"  # the model's value replaces the default
     assert _value_after(tuned, "--flash-attn") == "on"
     assert _value_after(tuned, "--threads") == "3"
+    assert _value_after(tuned, "--cache-ram") == "3000"
     assert "--metrics" in tuned and "--no-warmup" in tuned
     kv = [tuned[i + 1] for i, word in enumerate(tuned) if word == "--override-kv"]
     assert kv == ["a=int:1", "b=int:2"]
@@ -203,3 +205,5 @@ async def test_command_line_carries_router_flags_and_pass_through_flags(tmp_path
     assert _value_after(plain, "-ctk") == "q8_0"
     assert "--metrics" in plain
     assert "--no-warmup" not in plain  # false in the model drops the default
+    # No header to size its prompt cache from (the simulator's model is no GGUF): the smallest figure.
+    assert _value_after(plain, "--cache-ram") == "256"

@@ -170,6 +170,8 @@ def test_unknown_top_level_table() -> None:
         ("--fit", "--fit off"),
         ("api-key", "router.api_keys"),
         ("models-dir", "manages models itself"),
+        ("cache-ram", "`cram` key"),
+        ("--cache-ram", "`cram` key"),
     ],
 )
 @pytest.mark.parametrize("table", ["models.qwen", "defaults"])
@@ -197,6 +199,34 @@ def test_router_keys_written_with_dashes_in_a_model(key: str) -> None:
     assert (
         f"models.qwen.{key} = 4 is invalid: write the router key without dashes: {key.lstrip('-')}" in message
     )
+
+
+@pytest.mark.parametrize(
+    ("table", "key"), [("models.qwen", "-cram"), ("defaults", "--cram"), ("defaults", "-cram")]
+)
+def test_cram_written_with_dashes_is_refused(table: str, key: str) -> None:
+    message = str(error_of(setter(f"{table}.{key}", 1024)))
+    assert f"{FILE}: {table}.{key} = 1024 is invalid: write the router key without dashes: cram" in message
+
+
+@pytest.mark.parametrize("table", ["models.qwen", "defaults"])
+@pytest.mark.parametrize("value", [-1, 1.5, "1024", True])
+def test_cram_must_be_a_whole_number_of_mib(table: str, value: Any) -> None:
+    err = error_of(setter(f"{table}.cram", value))
+    assert err.key == f"{table}.cram"
+    assert "is invalid: must be an integer >= 0" in str(err)
+
+
+def test_cram_in_defaults_applies_to_models_that_do_not_set_it() -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["defaults"] = {"cram": 1024, "t": 4}
+        data["models"]["other"] = {"model": "/m/other.gguf", "cram": 0}
+
+    config = build(change)
+    assert config.models["qwen"].cram == 1024
+    assert config.models["other"].cram == 0  # the model's own value wins, 0 included
+    assert dict(config.defaults) == {"t": 4}  # not a llama-server flag
+    assert build(lambda data: None).models["qwen"].cram is None  # unset: sized by placement
 
 
 @pytest.mark.parametrize("key", ["---x", "a b", "x=1", "-"])

@@ -122,6 +122,7 @@ def test_a_shelf_names_the_model_file_and_the_flags_that_shape_the_state(tmp_pat
     assert name.startswith("m-")
     assert shelf_name("m", [*argv[:-4], "--port", "999", "--host", "0.0.0.0"]) == name
     assert shelf_name("m", [*argv, "--alias", "other"]) == name
+    assert shelf_name("m", [*argv, "--cache-ram", "512"]) == name
     assert shelf_name("m", [*argv, "-ctk", "q8_0"]) != name
     assert shelf_name("m", [a if a != "4096" else "8192" for a in argv]) != name
     model.write_bytes(b"GGUF two, a new download")

@@ -12,6 +12,7 @@
   const store = {
     status: null,
     history: null,
+    cacheRows: [],
     models: [],
     skew: 0, // server wall clock minus browser wall clock, seconds
     t: [],
@@ -199,6 +200,11 @@
     return 10 * mag;
   }
 
+  // Seconds between the time labels of a chart spanning `span` seconds.
+  function tickStep(span) {
+    return span > 2400 ? 900 : span > 1200 ? 600 : span > 600 ? 300 : span > 240 ? 60 : span > 90 ? 30 : span > 40 ? 10 : 5;
+  }
+
   function drawChart(box, id) {
     const col = store.gpus.get(id);
     const t = store.t;
@@ -234,8 +240,7 @@
       axis.append(s("line", { class: "grid", x1: left, x2: width - right, y1: Y(v), y2: Y(v) }));
       axis.append(s("text", { x: left - 6, y: Y(v) + 3, "text-anchor": "end", text: v ? fmtBytes(v) : "0" }));
     }
-    const span = x1 - x0;
-    const tick = span > 2400 ? 900 : span > 1200 ? 600 : span > 600 ? 300 : span > 240 ? 60 : span > 90 ? 30 : span > 40 ? 10 : 5;
+    const tick = tickStep(x1 - x0);
     for (let v = Math.ceil(x0 / tick) * tick; v <= x1; v += tick) {
       axis.append(
         s("text", { x: X(v), y: top + chartH + 13, "text-anchor": "middle", text: fmtClock(v, tick < 60) }),
@@ -548,6 +553,85 @@
     replace($("chat-links"), chat);
   }
 
+  // ------------------------------------------------------------------------------------ prompt cache
+  // Share of prompt tokens each model served from its replicas' prompt cache, per minute of the last
+  // hour, from the request history (rows that report both counts).
+  const CACHE_BUCKET = 60;
+
+  function cacheSeries(rows, x0) {
+    const byModel = new Map();
+    for (const r of rows) {
+      if (!r.model_served || !r.prompt_tokens || r.cached_tokens === null || r.cached_tokens === undefined) continue;
+      if (r.at < x0) continue;
+      if (!byModel.has(r.model_served)) byModel.set(r.model_served, new Map());
+      const key = Math.floor(r.at / CACHE_BUCKET) * CACHE_BUCKET;
+      const buckets = byModel.get(r.model_served);
+      const b = buckets.get(key) || { prompt: 0, cached: 0, requests: 0 };
+      b.prompt += r.prompt_tokens;
+      b.cached += Math.min(r.cached_tokens, r.prompt_tokens);
+      b.requests += 1;
+      buckets.set(key, b);
+    }
+    return [...byModel.entries()].sort(([a], [b]) => a.localeCompare(b)).map(([model, buckets]) => ({
+      model,
+      points: [...buckets.entries()].sort((a, b) => a[0] - b[0]),
+    }));
+  }
+
+  function renderCache() {
+    const box = $("cache");
+    const now = store.serverNow || serverNow();
+    const x1 = now;
+    const series = cacheSeries(store.cacheRows, now - store.window);
+    const first = Math.min(...series.map((m) => m.points[0][0]), now);
+    const x0 = Math.min(Math.max(first, now - store.window), now - 10 * CACHE_BUCKET);
+    const width = Math.max(260, Math.floor(box.clientWidth || 520));
+    const left = 46, right = 36, top = 8, chartH = 110;
+    const height = top + chartH + 20;
+    const X = (v) => left + ((v - x0) / (x1 - x0)) * (width - left - right);
+    const Y = (share) => top + chartH - share * chartH;
+    const svg = s("svg", { class: "cache-chart", width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
+      "aria-label": "share of prompt tokens served from the prompt cache, per model, over time" });
+    const axis = s("g", { class: "axis" });
+    for (const v of [0, 0.25, 0.5, 0.75, 1]) {
+      axis.append(s("line", { class: "grid", x1: left, x2: width - right, y1: Y(v), y2: Y(v) }));
+      axis.append(s("text", { x: left - 6, y: Y(v) + 3, "text-anchor": "end", text: Math.round(v * 100) + "%" }));
+    }
+    const tick = Math.max(60, tickStep(x1 - x0));
+    for (let v = Math.ceil(x0 / tick) * tick; v <= x1; v += tick) {
+      axis.append(s("text", { x: X(v), y: top + chartH + 13, "text-anchor": "middle", text: fmtClock(v, false) }));
+    }
+    svg.append(axis);
+    const legend = [];
+    for (const { model, points } of series) {
+      const color = colorOf(model);
+      let d = "";
+      let prompt = 0, cached = 0;
+      const dots = s("g", { class: "dots-cache" });
+      points.forEach(([at, b], i) => {
+        const x = X(Math.min(at + CACHE_BUCKET / 2, x1)).toFixed(1);
+        const y = Y(b.cached / b.prompt).toFixed(1);
+        d += (i === 0 ? "M" : "L") + x + "," + y;
+        prompt += b.prompt;
+        cached += b.cached;
+        dots.append(s("circle", { class: "dot-cache", cx: x, cy: y, r: 2.6, fill: color },
+          s("title", { text: `${model} ${fmtClock(at, false)}: ${Math.round((100 * b.cached) / b.prompt)}% of ` +
+            `${fmtInt(b.prompt)} prompt tokens cached (${b.requests} requests)` })));
+      });
+      svg.append(s("path", { class: "line-cache", d, stroke: color, "data-model": model, "data-points": points.length,
+        "data-prompt": prompt, "data-cached": cached }));
+      svg.append(dots);
+      legend.push(h("span", { class: "cache-share", "data-model": model }, swatch(model),
+        `${model} ${Math.round((100 * cached) / prompt)}%`));
+    }
+    if (!series.length) {
+      svg.append(s("text", { x: left + 6, y: top + chartH / 2, text: "no prompt tokens reported in this window" }));
+    }
+    replace(box, svg);
+    replace($("cache-legend"), legend);
+    $("cache-hint").textContent = "cached prompt tokens / prompt tokens, per minute · last hour";
+  }
+
   function markReady() {
     if (store.got.status && store.got.timeline && store.got.history) document.body.dataset.ready = "1";
   }
@@ -581,9 +665,12 @@
     if ($("f-model").value) params.set("model", $("f-model").value);
     if ($("f-status").value) params.set("status", $("f-status").value);
     try {
-      store.history = await api("history?" + params);
+      const [history, recent] = await Promise.all([api("history?" + params), api("history?limit=1000&status=ok")]);
+      store.history = history;
+      store.cacheRows = recent.rows;
       store.got.history = true;
       renderHistory();
+      renderCache();
       renderSummary();
       markReady();
     } catch (err) {
@@ -606,7 +693,10 @@
   let resizeTimer = null;
   window.addEventListener("resize", () => {
     clearTimeout(resizeTimer);
-    resizeTimer = setTimeout(renderGpus, 150);
+    resizeTimer = setTimeout(() => {
+      renderGpus();
+      renderCache();
+    }, 150);
   });
 
   function every(ms, fn) {
