@@ -153,8 +153,8 @@ def test_the_router_loads_the_rendered_config(tmp_path: Path) -> None:
     assert (small.ctx, small.parallel, small.gpu_layers, small.gpus) == (65536, 4, 99, (0, 1))
     assert small.pricing is not None and small.pricing.output == 2.5
     assert small.reasoning_effort is not None and small.reasoning_effort.default == "xhigh"
-    assert dict(small.extra_args)["cram"] == 16384 and dict(small.extra_args)["b"] == 4096
-    assert dict(config.models["Qwen3-27B"].extra_args)["cram"] == 32768
+    assert small.cram == 16384 and dict(small.extra_args)["b"] == 4096
+    assert config.models["Qwen3-27B"].cram == 32768
     assert dict(config.defaults)["cache-reuse"] == 256
 
 
