@@ -177,7 +177,8 @@ DECLARED = (
         "kv_restored_tokens",
         Counter,
         "llama_router_kv_restored_tokens",
-        "Prompt tokens a restored state shared with the request that loaded its model.",
+        "Prompt tokens restored: for the state chosen for the request that loads a model, those it shares "
+        "with that request's prompt; for the states put into the new replica's other slots, all they hold.",
         ("model",),
     ),
     Declared(

@@ -21,7 +21,15 @@ from router.shell.kv_store import KvStore
 from router.shell.prompts import PromptProbe, prompt_tokens
 from statemachine import KillCause
 
-__all__ = ["MIN_SHARED_TOKENS", "SAVE_CAUSES", "KvOutcome", "describe_kv", "restore_into", "save_slots"]
+__all__ = [
+    "MIN_SHARED_TOKENS",
+    "SAVE_CAUSES",
+    "KvOutcome",
+    "describe_kv",
+    "restore_into",
+    "restore_others",
+    "save_slots",
+]
 
 # A restored state must share at least this many tokens with the prompt that loads the model: a chat
 # template's first few tokens are the same for every conversation and not worth reading a file for.
@@ -40,6 +48,7 @@ class KvOutcome:
     nbytes: int = 0
     seconds: float = 0.0
     detail: str = ""
+    slot: int = 0  # for a restore: the slot it went into (0: the one for the request that loads the model)
 
 
 # Stops before which a replica's slots are saved: the replica is idle and healthy, and its model may return.
@@ -59,7 +68,9 @@ def describe_kv(result: KvOutcome) -> str:
     """A save or restore in words, for the log and /status."""
     what = {
         "saved": f"saved {result.tokens} tokens of prompt cache ({result.nbytes >> 20} MiB)",
-        "restored": f"restored a prompt cache sharing {result.tokens} tokens with the request",
+        "restored": f"restored a prompt cache sharing {result.tokens} tokens with the request"
+        if result.slot == 0
+        else f"restored a saved prompt cache of {result.tokens} tokens into slot {result.slot}",
         "empty": "no slot held anything to save" if result.action == "save" else "no saved prompt cache",
         "no_match": "no saved prompt cache shares enough with the request",
         "failed": f"{result.action} of the prompt cache failed",
@@ -175,3 +186,49 @@ async def restore_into(
     return KvOutcome(
         "restore", "timeout", 0, 0, trio.current_time() - started, f"gave up after {timeout:g} s"
     )
+
+
+async def restore_others(
+    http: httpx.AsyncBaseTransport, port: int, store: KvStore, shelf: Path, skip: str | None, timeout: float
+) -> list[KvOutcome]:
+    """Once the replica on ``port`` serves, fill its slots that never held anything with the most recently
+    used other states on ``shelf`` (``skip``: the one already restored): the conversations that were in the
+    model's other slots when it stopped are the likeliest to come back next. A slot a request took meanwhile
+    is left alone. Within ``timeout`` seconds in all."""
+    base = f"http://127.0.0.1:{port}"
+    started = trio.current_time()
+    results: list[KvOutcome] = []
+    with trio.move_on_after(timeout) as scope:
+        try:
+            slots = await _call(http, "GET", f"{base}/slots", None)
+            used = set(_used_slots(slots))
+            free = [
+                slot["id"]
+                for slot in (slots if isinstance(slots, list) else [])
+                if isinstance(slot, dict)
+                and isinstance(slot.get("id"), int)
+                and slot["id"] != 0
+                and slot["id"] not in used
+                and not slot.get("is_processing")
+            ]
+            states = [s for s in await trio.to_thread.run_sync(store.states, shelf) if s.name != skip]
+            for slot, state in zip(free, states, strict=False):
+                begun = trio.current_time()
+                try:
+                    reply = await _call(
+                        http, "POST", f"{base}/slots/{slot}?action=restore", {"filename": state.bin.name}
+                    )
+                except httpx.HTTPStatusError:
+                    continue  # a request took the slot meanwhile
+                store.touch(state)
+                restored = reply.get("n_restored") if isinstance(reply, dict) else None
+                nbytes = int(reply.get("n_read") or 0) if isinstance(reply, dict) else 0
+                count = restored if isinstance(restored, int) else 0
+                seconds = trio.current_time() - begun
+                results.append(KvOutcome("restore", "restored", count, nbytes, seconds, state.name, slot))
+        except (httpx.HTTPError, OSError, ValueError) as exc:
+            results.append(KvOutcome("restore", "failed", 0, 0, trio.current_time() - started, str(exc)))
+    if scope.cancelled_caught:
+        detail = f"gave up after {timeout:g} s"
+        results.append(KvOutcome("restore", "timeout", 0, 0, trio.current_time() - started, detail))
+    return results

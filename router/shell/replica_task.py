@@ -19,7 +19,7 @@ import httpx
 import trio
 
 from router.shell.child import Child, describe_os_error, describe_returncode, launch
-from router.shell.kv_slots import restore_into, save_slots
+from router.shell.kv_slots import restore_into, restore_others, save_slots
 from router.shell.logring import LineSplitter, quote_lines
 from router.shell.processes import (
     LaunchSpec,
@@ -220,13 +220,14 @@ class ReplicaTask:
                 pass
             else:
                 if status == 200:
-                    await self._restore(http)
+                    restored = await self._restore(http)
                     if self.stop_reason is None and not self.exit_seen:
                         self.ready = True
                         self.logger.info(
                             "[%s] ready after %.1f s", self.label, trio.current_time() - self.started_clock
                         )
                         self._emit(ProcessReady(spec.replica_id))
+                        await self._restore_others(http, restored)
                         await self._watch_ready(http, url)
                     return
             remaining = deadline - trio.current_time()
@@ -243,13 +244,23 @@ class ReplicaTask:
         self._emit(ProcessLoadFailed(spec.replica_id, reason))
         self.stop(reason)
 
-    async def _restore(self, http: httpx.AsyncHTTPTransport) -> None:
-        """Before the replica takes requests: restore the saved state that suits the request loading it."""
+    async def _restore(self, http: httpx.AsyncHTTPTransport) -> str | None:
+        """Before the replica takes requests: restore the saved state that suits the request loading it.
+        Returns that state's name (None: nothing restored)."""
         kv = self.spec.kv
         if kv is None or self.stop_reason is not None or self.exit_seen:
-            return
+            return None
         result = await restore_into(http, self.spec.port, kv.store, kv.shelf, kv.probe, kv.timeout)
         if result.outcome != "empty":
+            self._emit(ProcessKv(self.spec.replica_id, result))
+        return result.detail if result.outcome == "restored" else None
+
+    async def _restore_others(self, http: httpx.AsyncHTTPTransport, restored: str | None) -> None:
+        """Once the replica serves: its other slots get the next most recently used states."""
+        kv = self.spec.kv
+        if kv is None or self.stop_reason is not None or self.exit_seen or not kv.store.states(kv.shelf):
+            return
+        for result in await restore_others(http, self.spec.port, kv.store, kv.shelf, restored, kv.timeout):
             self._emit(ProcessKv(self.spec.replica_id, result))
 
     async def _watch_ready(self, http: httpx.AsyncHTTPTransport, url: str) -> None:

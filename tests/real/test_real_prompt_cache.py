@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from tests.support.harness import RouterHandle
 from tests.support.realharness import real_router
@@ -35,6 +36,10 @@ async def timings(rt: RouterHandle, body: dict[str, Any]) -> tuple[int, int]:
 async def kv_happenings(rt: RouterHandle) -> list[dict[str, Any]]:
     status = (await rt.client.get("/status")).json()
     return [h for h in reversed(status["recent"]) if h["kind"].startswith("kv_")]
+
+
+async def kv_restores(rt: RouterHandle) -> list[dict[str, Any]]:
+    return [h["kv"] for h in await kv_happenings(rt) if h["kind"] == "kv_restore"]
 
 
 async def test_a_conversation_keeps_its_cache_across_a_swap(tmp_path: Path) -> None:
@@ -72,3 +77,27 @@ async def test_another_conversation_gets_only_the_tokens_it_shares(tmp_path: Pat
         assert cached == 0
         outcomes = [h["kv"]["outcome"] for h in await kv_happenings(rt) if h["kind"] == "kv_restore"]
         assert outcomes[-1] == "no_match"
+
+
+async def test_both_slots_of_a_two_slot_model_come_back(tmp_path: Path) -> None:
+    first = "You file letters. " + " ".join(f"letter{i} goes left" for i in range(90))
+    second = "You sort parcels. " + " ".join(f"parcel{i} goes right" for i in range(90))
+    models = {"alpha": {"parallel": 2}, "beta": {"shape": "other"}}
+    async with real_router(tmp_path, models) as rt:
+        _, one = await timings(rt, chat("alpha", "Where does letter3 go?", system=first))
+        _, two = await timings(rt, chat("alpha", "Where does parcel3 go?", system=second))
+        await timings(rt, chat("beta", "hello"))
+        (save,) = [h for h in await kv_happenings(rt) if h["kind"] == "kv_save"]
+        assert "2 slot(s)" in save["kv"]["detail"]
+        cached, _ = await timings(rt, chat("alpha", "Where does letter3 go?", "left", "And 4?", system=first))
+        assert cached >= 0.9 * one
+        with trio.fail_after(30):  # the second slot is filled once the replica serves, beside the request
+            while (
+                len(restores := [h["kv"] for h in await kv_happenings(rt) if h["kind"] == "kv_restore"]) < 2
+            ):
+                await trio.sleep(0.05)
+        assert [(r["slot"], r["outcome"]) for r in restores] == [(0, "restored"), (1, "restored")]
+        cached, _ = await timings(
+            rt, chat("alpha", "Where does parcel3 go?", "right", "And 4?", system=second)
+        )
+        assert cached >= 0.9 * two

@@ -92,3 +92,25 @@ async def test_a_model_that_opts_out_keeps_nothing(tmp_path: Path) -> None:
         events = await kv_events(h, "kv_save") + await kv_events(h, "kv_restore")
         assert {x["model"] for x in events} == {"b"}  # b, evicted by a's return, kept its cache
         assert not any((tmp_path / "kv").glob("a-*"))
+
+
+async def test_a_model_with_several_slots_gets_its_other_conversations_back_too(tmp_path: Path) -> None:
+    other = [
+        {"role": "system", "content": "You sort the letters. " + " ".join(f"letter{i}" for i in range(200))},
+        {"role": "user", "content": "Which letter is last?"},
+    ]
+    async with running_router(tmp_path, {"a": {"parallel": 2}, "b": {}}) as h:
+        await ask(h, "a")
+        await ask(h, "a", other)  # the second conversation takes a's other slot
+        await ask(h, "b")
+        (save,) = await kv_events(h, "kv_save")
+        assert save["kv"]["outcome"] == "saved" and "2 slot(s)" in save["kv"]["detail"]
+        await ask(h, "a", [*CONVERSATION, {"role": "assistant", "content": "record0"}])
+        with trio.fail_after(10):
+            while len(await kv_events(h, "kv_restore")) < 2:
+                await trio.sleep(0.05)
+        first, second = await kv_events(h, "kv_restore")
+        assert (first["kv"]["slot"], second["kv"]["slot"]) == (0, 1)
+        assert second["kv"]["outcome"] == "restored" and "into slot 1" in second["reason"]
+        back = await ask(h, "a", [*other, {"role": "assistant", "content": "letter199"}])
+        assert back["timings"]["cache_n"] > 200  # the second conversation found its state in slot 1
