@@ -258,7 +258,7 @@ class _Builder:
             origin = Origin(self.presets or self.config_file, f"[{GLOBAL_SECTION}] {key}")
             item = _preset_item(key, text)
             if item.kind == "flag":
-                self.put(self.defaults, "defaults", item.name, item.value, origin)
+                self.flag(self.defaults, "defaults", item.name, item.value, origin)
             elif item.kind == "ignored":
                 self.ignore(origin, item.reason)
             elif item.name in ("model", "aliases"):
@@ -279,6 +279,11 @@ class _Builder:
             for key, (value, origin) in per_model.items():
                 if key not in table:
                     self.model_value(table, prefix, key, value, origin)
+                    self.changed(
+                        origin,
+                        f"{prefix}.{key}",
+                        "set for every model in [*]; our format keeps it in each model",
+                    )
             self.finish_model(table, prefix, name)
             self.models[name] = table
 
@@ -307,7 +312,7 @@ class _Builder:
             self.ignore(origin, item.reason)
             return
         if item.kind == "flag":
-            self.put(table, prefix, item.name, item.value, origin)
+            self.flag(table, prefix, item.name, item.value, origin)
             return
         if item.name == "model" and isinstance(item.value, str) and self.presets is not None:
             item = attrs.evolve(
@@ -323,9 +328,19 @@ class _Builder:
     def model_value(self, table: dict[str, Any], prefix: str, key: str, value: Any, origin: Origin) -> None:
         if key in ("reasoning_effort", "pricing"):
             self.merge(table, prefix, key, value, origin)
-        else:
-            self.put(table, prefix, key, value, origin)
-        if key == "cache-ram" and not _FIRST_CLASS_CRAM:
+            return
+        self.put(table, prefix, key, value, origin)
+        if key == "gpu_layers":
+            self.changed(
+                origin,
+                f"{prefix}.{key}",
+                "an operator override: placement uses it as given instead of choosing (the model's layer "
+                "count + 1 or more offloads every layer)",
+            )
+
+    def flag(self, table: dict[str, Any], prefix: str, key: str, value: Any, origin: Origin) -> None:
+        self.put(table, prefix, key, value, origin)
+        if flag_identity(key) == "cache-ram":
             # Until the per-model `cram` key exists, the prompt cache size goes to llama-server as it is.
             self.changed(origin, f"{prefix}.{key}", "passed to llama-server as --cache-ram (MiB per replica)")
 
