@@ -58,8 +58,8 @@ ROUTER_IGNORED: Mapping[str, str] = {
     "UNLOAD_POLL_INTERVAL": _POLLING,
     "UNLOAD_POLL_TIMEOUT": "replicas are stopped by signal, with router.stop_timeout between SIGTERM and "
     "SIGKILL; there is no unload to wait for",
-    "START_RETRIES": "a replica that fails to load fails the requests waiting for it with the reason, and "
-    "the next request for the model loads it again",
+    "START_RETRIES": "a failed load is not retried as such: the requests waiting only for that model get 503 "
+    "with the reason once no replica of it is alive, and the next request loads it again",
 }
 # Preset keys (by llama-server flag identity) the router does not pass on, and why.
 PRESET_IGNORED: Mapping[str, str] = {

@@ -197,7 +197,7 @@ def test_import_config_prints_toml_that_loads_and_plans(
     text = capsys.readouterr().out
     data = tomllib.loads(text)
     assert data == translate(config_file, json.loads(config_file.read_text()), presets).document
-    assert "#   config.json ROUTER.START_RETRIES: a replica that fails to load" in text
+    assert "#   config.json ROUTER.START_RETRIES: a failed load is not retried as such" in text
     assert "# presets.ini [coder] cram: passed to llama-server as --cache-ram" in text
     assert "# config.json LLM.coder.reasoning_effort: the original advertised the first option" in text
     toml = tmp_path / "imported.toml"
