@@ -72,6 +72,9 @@ PRESET_IGNORED: Mapping[str, str] = {
 }
 PRICING_NAMES = ("input", "cached_input", "output")
 EFFORT_NAMES = ("options", "default", "disable")
+# The prompt cache size (`cram` / `cache-ram`, MiB per replica): while our schema has no `cram` key of its
+# own it goes to llama-server as the pass-through flag `cache-ram`; once the schema has one, the translation
+# writes that key instead (per model, `[*]` copied into every model) and nothing here needs to change.
 _FIRST_CLASS_CRAM = any(spec.name == "cram" for spec in MODEL_KEYS)
 
 
