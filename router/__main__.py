@@ -91,6 +91,13 @@ def _init(args: argparse.Namespace) -> int:
     return init_command(ConfigSource(models_dir=Path(args.models_dir)))
 
 
+def _import(args: argparse.Namespace) -> int:
+    from router.cli.import_config import import_command
+
+    presets = Path(args.presets_ini) if args.presets_ini else None
+    return import_command(Path(args.config_json), presets)
+
+
 def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     def default(value: object) -> object:
         return value if defaults else argparse.SUPPRESS
@@ -132,6 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser(
         "init", help="print a commented config for the models of --models-dir DIR", parents=[common]
     )
+    imported = sub.add_parser(
+        "import-config",
+        help="print the TOML equivalent of an original llama-router config.json and presets.ini",
+    )
+    imported.add_argument("config_json", metavar="CONFIG_JSON", help="the original config.json")
+    imported.add_argument(
+        "presets_ini",
+        metavar="PRESETS_INI",
+        nargs="?",
+        help="its presets.ini (default: $LLAMA_PRESETS_PATH, else presets.ini beside CONFIG_JSON)",
+    )
     sub.add_parser("make-model", help="write a tiny random-weight GGUF model (see make-model --help)")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -144,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         return _plan(args)
     if args.command == "init":
         return _init(args)
+    if args.command == "import-config":
+        return _import(args)
     return _run(args)
 
 

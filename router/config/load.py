@@ -2,16 +2,19 @@
 
 ``load_config(path)`` reads the file (``.json`` → JSON, anything else → TOML) and applies the environment
 overrides ROUTER_HOST, ROUTER_PORT, ROUTER_API_KEYS, ROUTER_CORS_ORIGINS, ROUTER_ALLOWED_HOSTS and
-HISTORY_DB_PATH (an empty variable counts as unset). ``config_from_dict`` validates an already parsed
-document. Every problem raises :class:`ConfigError`, whose message names the file, the dotted key, the bad
-value and what is allowed. Model files are not checked for existence here: ``check_model_files`` does
-that when the configuration is deployed (at startup and on every reload).
+HISTORY_DB_PATH (an empty variable counts as unset). A config.json of the original llama-router (with its
+presets.ini) is translated first (``router.config.original``); its errors name the original file and key.
+``config_from_dict`` validates an already parsed document. Every problem raises :class:`ConfigError`, whose
+message names the file, the dotted key, the bad value and what is allowed. Model files are not checked for
+existence here: ``check_model_files`` does that when the configuration is deployed (at startup and on every
+reload).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import tomllib
@@ -22,6 +25,7 @@ from typing import Any
 import attrs
 
 from router.config.keyspec import STRING_LIST, InvalidValue, KeySpec, check_value, render_value, spec_by_name
+from router.config.original import Translation, is_original, presets_file, translate
 from router.config.origins import (
     canonical_host_entry,
     canonical_origin_entry,
@@ -75,11 +79,17 @@ __all__ = [
     "default_state_dir",
     "load_config",
     "read_api_keys",
+    "read_config_document",
     "read_document",
     "reference_markdown",
     "resolve_gpus",
     "resolve_name",
+    "validated",
 ]
+
+log = logging.getLogger("router")
+# Ignored keys of original configurations already reported by this process (reloads do not repeat them).
+_reported: set[tuple[str, str, str]] = set()
 
 
 def default_state_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -104,9 +114,41 @@ def default_history_db(config_path: str | Path, env: Mapping[str, str] | None = 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
     """Read, parse and validate a config file; ``env`` (default os.environ) supplies the overrides."""
     path = Path(path)
-    return config_from_dict(
-        read_document(path), path, env=os.environ if env is None else env, base_dir=path.absolute().parent
-    )
+    env = os.environ if env is None else env
+    data, translation = read_config_document(path, env)
+    return validated(data, path, env=env, base_dir=path.absolute().parent, translation=translation)
+
+
+def read_config_document(path: Path, env: Mapping[str, str]) -> tuple[Any, Translation | None]:
+    """The document of a config file, translated when it is an original config.json (whose presets file
+    ``env`` may name); its ignored keys are logged the first time this process reads them."""
+    data = read_document(path)
+    if not is_original(data):
+        return data, None
+    translation = translate(path, data, presets_file(path, env))
+    for note in translation.ignored():
+        seen = (str(note.origin.file), note.origin.key, note.text)
+        if seen not in _reported:
+            _reported.add(seen)
+            log.warning("%s: %s is ignored: %s", note.origin.file, note.origin.key, note.text)
+    return translation.document, translation
+
+
+def validated(
+    data: Any,
+    path: Path,
+    *,
+    env: Mapping[str, str],
+    base_dir: Path,
+    translation: Translation | None = None,
+) -> Config:
+    """:func:`config_from_dict`, whose errors name the original file and key for a translated document."""
+    try:
+        return config_from_dict(data, path, env=env, base_dir=base_dir)
+    except ConfigError as exc:
+        if translation is None:
+            raise
+        raise translation.explain(exc) from None
 
 
 def read_document(path: Path) -> Any:

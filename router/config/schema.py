@@ -412,7 +412,7 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
         None,
         "Reasoning effort levels the model offers, shown in /v1/models.",
         rule="a table: `options`, a non-empty list of distinct strings, and optionally `default`, one "
-        "of them",
+        "of them, and `disable`, the level that turns reasoning off",
     ),
 )
 
@@ -435,4 +435,4 @@ POOL_KEYS: tuple[KeySpec, ...] = (
 )
 
 PRICING_KEYS: tuple[str, ...] = ("input", "cached_input", "output")
-EFFORT_KEYS: tuple[str, ...] = ("options", "default")
+EFFORT_KEYS: tuple[str, ...] = ("options", "default", "disable")

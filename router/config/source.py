@@ -3,7 +3,8 @@
 ``ConfigSource.load()`` builds the Config (at startup, and again for every reload, so a reload rescans the
 folder too):
 
-* a file alone: ``router.config.load.load_config``;
+* a file alone: ``router.config.load.load_config`` (our TOML or JSON, or an original llama-router
+  config.json with its presets.ini, see ``router.config.original``);
 * a folder alone (``--models-dir DIR``): every model ``router.config.model_folder`` finds becomes a
   ``[models.NAME]`` table with ``model``, ``gpus = "all"`` (every GPU the router detects, GPU 0 where it
   detects none) and the paired ``mmproj``; everything else keeps its default, and the ROUTER_* environment
@@ -26,7 +27,14 @@ from typing import Any
 import attrs
 
 from router.config.keyspec import InvalidValue, check_value, render_value, spec_by_name
-from router.config.load import Config, ConfigError, config_from_dict, load_config, read_document
+from router.config.load import (
+    Config,
+    ConfigError,
+    config_from_dict,
+    load_config,
+    read_config_document,
+    validated,
+)
 from router.config.model_folder import FolderError, FolderModel, FolderScan, scan_folder
 from router.config.schema import ROUTER_KEYS
 
@@ -85,9 +93,13 @@ class ConfigSource:
                 raise ConfigError(scan.folder, "no GGUF model found in this folder or its sub-folders")
             doc = {"models": {m.name: folder_table(m) for m in scan.models}}
             return config_from_dict(doc, scan.folder, env=env, base_dir=scan.folder)
-        data = read_document(self.file)
-        return config_from_dict(
-            _merged(data, self.file, scan), self.file, env=env, base_dir=self.file.absolute().parent
+        data, translation = read_config_document(self.file, env)
+        return validated(
+            _merged(data, self.file, scan),
+            self.file,
+            env=env,
+            base_dir=self.file.absolute().parent,
+            translation=translation,
         )
 
     def _with_listen_address(self, config: Config) -> Config:

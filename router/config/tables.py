@@ -325,7 +325,12 @@ def _effort(doc: Doc, key: str, value: Any) -> ReasoningEffort:
             default,
             "must be one of the options: " + ", ".join(json.dumps(o) for o in options),
         )
-    return ReasoningEffort(options=tuple(options), default=default)
+    disable = table.get("disable")
+    if disable is not None and (not isinstance(disable, str) or not disable.strip()):
+        raise doc.invalid(
+            f"{key}.disable", disable, "must be a non-empty string: the level that turns reasoning off"
+        )
+    return ReasoningEffort(options=tuple(options), default=default, disable=disable)
 
 
 # ------------------------------------------------------------------------------------------------ [pools]

@@ -56,10 +56,12 @@ class Pricing:
 
 @attrs.frozen
 class ReasoningEffort:
-    """Reasoning effort levels a model offers, shown in /v1/models."""
+    """Reasoning effort levels a model offers, shown in /v1/models. ``disable``: the level a client sends
+    to turn reasoning off (None: not offered)."""
 
     options: tuple[str, ...]
     default: str | None = None
+    disable: str | None = None
 
 
 @attrs.frozen

@@ -65,7 +65,10 @@ def model_entry(config: Config, router: Router, name: str, created: int) -> dict
     if model.pricing is not None:
         entry["pricing"] = {k: v for k, v in attrs.asdict(model.pricing).items() if v is not None}
     if model.reasoning_effort is not None:
-        entry["reasoning_effort"] = attrs.asdict(model.reasoning_effort)
+        effort = attrs.asdict(model.reasoning_effort)
+        if effort["disable"] is None:
+            del effort["disable"]
+        entry["reasoning_effort"] = effort
     return entry
 
 
