@@ -29,7 +29,6 @@ from router.config.original_ini import (
     string_list,
     table_value,
 )
-from router.config.schema import MODEL_KEYS
 from router.config.values import ConfigError
 
 __all__ = ["PRESETS_ENV", "Note", "Origin", "Translation", "is_original", "presets_file", "translate"]
@@ -72,10 +71,6 @@ PRESET_IGNORED: Mapping[str, str] = {
 }
 PRICING_NAMES = ("input", "cached_input", "output")
 EFFORT_NAMES = ("options", "default", "disable")
-# The prompt cache size (`cram` / `cache-ram`, MiB per replica): while our schema has no `cram` key of its
-# own it goes to llama-server as the pass-through flag `cache-ram`; once the schema has one, the translation
-# writes that key instead (per model, `[*]` copied into every model) and nothing here needs to change.
-_FIRST_CLASS_CRAM = any(spec.name == "cram" for spec in MODEL_KEYS)
 
 
 @attrs.frozen
@@ -343,9 +338,6 @@ class _Builder:
 
     def flag(self, table: dict[str, Any], prefix: str, key: str, value: Any, origin: Origin) -> None:
         self.put(table, prefix, key, value, origin)
-        if flag_identity(key) == "cache-ram":
-            # Until the per-model `cram` key exists, the prompt cache size goes to llama-server as it is.
-            self.changed(origin, f"{prefix}.{key}", "passed to llama-server as --cache-ram (MiB per replica)")
 
     def merge(self, table: dict[str, Any], prefix: str, key: str, value: Any, origin: Origin) -> None:
         """reasoning_effort and pricing may be given whole or a part at a time; config.json wins."""
@@ -447,11 +439,7 @@ def _preset_item(key: str, text: str) -> _Item:
     if identity == "alias":
         return _Item("model", "aliases", string_list(text))
     if identity == "cache-ram":
-        return (
-            _Item("model", "cram", scalar(text))
-            if _FIRST_CLASS_CRAM
-            else _Item("flag", "cache-ram", scalar(text))
-        )
+        return _Item("model", "cram", scalar(text))
     if identity in PRESET_IGNORED:
         return _Item("ignored", reason=PRESET_IGNORED[identity])
     hint = router_owned_hint(key)

@@ -61,17 +61,17 @@ def test_the_realistic_pair_translates_key_by_key(tmp_path: Path) -> None:
     assert (coder.gpus, coder.ctx) == (ALL_GPUS, 2048)
     # a list of levels: the original advertised the first one as the default
     assert coder.reasoning_effort == ReasoningEffort(("minimal", "high"), "minimal")
-    # cram passes to llama-server as --cache-ram; the model's own wins over [*]
-    assert dict(coder.extra_args) == {"cache-ram": 512, "temp": 0.2}
+    # cram is the router's own key; the model's own wins over [*]
+    assert coder.cram == 512 and dict(coder.extra_args) == {"temp": 0.2}
     assert (embedder.gpus, dict(embedder.extra_args)) == ((1,), {"embeddings": True})  # port dropped
     assert dict(config.defaults) == {
         "jinja": True,
         "fa": "on",
         "ctk": "q8_0",
         "ctv": "q8_0",
-        "cache-ram": 2048,
         "cache-prompt": True,
     }
+    assert chat.cram == 2048  # [*] cram: every model's unless it sets its own
 
 
 def test_the_keys_without_meaning_are_reported_once_with_the_reason(
@@ -198,7 +198,6 @@ def test_import_config_prints_toml_that_loads_and_plans(
     data = tomllib.loads(text)
     assert data == translate(config_file, json.loads(config_file.read_text()), presets).document
     assert "#   config.json ROUTER.START_RETRIES: a failed load is not retried as such" in text
-    assert "# presets.ini [coder] cram: passed to llama-server as --cache-ram" in text
     assert "# config.json LLM.coder.reasoning_effort: the original advertised the first option" in text
     toml = tmp_path / "imported.toml"
     toml.write_text(text)
