@@ -71,6 +71,7 @@ class AfterStepChecks(EvictionChecks):
         self.check_drained()
         self.check_shutdown()
         self.check_conservation()
+        w.failing = {m for m in w.failing if w.live_count(m)}
 
     def check_load_failure(self) -> None:
         if self.load_failure is None:

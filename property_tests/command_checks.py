@@ -55,6 +55,10 @@ class CommandChecks(AnswerChecks, AfterStepChecks):
             return
         if w.shutting_down:
             self.fail("INV-SHUTDOWN", f"{c} after shutdown began")
+        if c.model in w.failing:
+            if w.live_count(c.model):
+                self.fail("INV-FAILING", f"{c} while a failed load of {c.model} has not settled")
+            w.failing.discard(c.model)  # none of it is live any more: a fresh start
         w.spawned_ids.add(c.replica)
         w.loaded_at.setdefault(c.model, w.now)
         w.replicas[c.replica] = ReplicaView(c.replica, c.model, tuple(c.gpus), spec)

@@ -115,6 +115,7 @@ class StepBase:
             self.refused = e.rid
         elif isinstance(e, ReplicaReady):
             w.replicas[e.replica].ready = True
+            w.failing.discard(w.replicas[e.replica].model)
         elif isinstance(e, LoadFailed):
             replica = w.replicas[e.replica]
             self.kill_expected = replica.id
@@ -172,7 +173,9 @@ class StepBase:
     def note_load_failure(self, replica: ReplicaView) -> None:
         others = [r for r in self.w.of_model(replica.model) if r.id != replica.id and r.live]
         if others:
+            self.w.failing.add(replica.model)
             return
+        self.w.failing.discard(replica.model)
         doomed = [
             r.rid
             for r in self.w.waiting()

@@ -61,3 +61,21 @@ def scheduler_settings(draw: st.DrawFn) -> Settings:
         members = draw(st.lists(st.sampled_from(names), min_size=min(2, len(names)), max_size=3, unique=True))
         pools.append(PoolSpec(f"p{i}", tuple(members), fallback=draw(st.booleans())))
     return Settings(models=model_specs, pools=pools, devices=devices, policy=draw(policies()))
+
+
+@st.composite
+def claim_settings(draw: st.DrawFn) -> Settings:
+    """Two GPUs, one model resident on each at a time: two models take turns on GPU 0, one on GPU 1 and one
+    spans both, with a short grace. Requests wait for swaps, claim GPUs and queue behind each other's claims:
+    the situations the queue's claim rules are about."""
+    placement = {"m0": (0,), "m1": (0,), "m2": (0, 1), "m3": (1,)}
+    model_specs = [
+        ModelSpec(name, gpus=gpus, replicas=1, slots=draw(st.integers(1, 2)))
+        for name, gpus in placement.items()
+    ]
+    policy = Policy(
+        max_models_per_gpu=1,
+        eviction=draw(st.sampled_from(("lru", "fifo"))),
+        queue_head_grace=draw(st.sampled_from((0.5, 2.0))),
+    )
+    return Settings(models=model_specs, devices=[DeviceSpec(0, None), DeviceSpec(1, None)], policy=policy)

@@ -9,15 +9,32 @@ source, the test fails and says which mutant to update.
 from __future__ import annotations
 
 import importlib
+import os
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 from hypothesis import HealthCheck, Phase, settings
-from hypothesis.stateful import run_state_machine_as_test
+from hypothesis.stateful import initialize, run_state_machine_as_test
 
+from statemachine import Settings
+
+from .strategies import claim_settings
 from .test_scheduler_machine import SchedulerMachine
+
+
+class ClaimMachine(SchedulerMachine):
+    """The scheduler machine on one GPU that three models take turns on (see ``claim_settings``)."""
+
+    @initialize(settings=claim_settings())
+    def setup(self, settings: Settings) -> None:
+        super().setup(settings)
+
+
+# Mutants whose situation the general machine reaches too seldom for a fixed search: they get a machine whose
+# settings make it common.
+FOCUSED: dict[str, type[SchedulerMachine]] = {"a request behind an earlier claim still evicts": ClaimMachine}
 
 # (module, original fragment, broken fragment, the ids that may catch it)
 MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
@@ -62,7 +79,8 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "scheduler",
         "            w.kill(replica, gone, KillCause.RELOAD)\n",
         "            pass\n",
-        ("INV-RELOAD", "INV-UNLOAD"),
+        # A retired replica left loading also keeps the replacement its waiters need from starting.
+        ("INV-RELOAD", "INV-UNLOAD", "INV-LOAD-FITS"),
     ),
     "a reload keeps waiters of removed models": (
         "scheduler",
@@ -72,8 +90,8 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     "load failure keeps the waiters": (
         "scheduler",
-        "    if w.live_replicas(model):\n        return\n    fail_waiters(",
-        "    return\n    fail_waiters(",
+        "        return\n    w.failing.discard(model)\n    fail_waiters(",
+        "        return\n    return\n    fail_waiters(",
         ("INV-LOAD-FAILURE",),
     ),
     "WakeAt asks for the latest candidate": (
@@ -120,8 +138,8 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     "Startup spawns every replica again": (
         "scheduler",
-        "        missing = spec.replicas - len(w.live_replicas(spec.name))",
-        "        missing = spec.replicas",
+        "        missing = spec.replicas - live\n",
+        "        missing = spec.replicas\n",
         ("INV-REPLICAS",),
     ),
     "a second, earlier shutdown deadline is ignored": (
@@ -207,7 +225,7 @@ def test_a_broken_scheduler_is_caught(name: str) -> None:
     # checks: INV-WAKE-EARLIEST INV-VICTIM INV-EVICT-NEED INV-LOAD-FITS INV-REPLICAS INV-ANSWER INV-CAUSE
     module_name, original, broken, ids = MUTANTS[name]
     search = settings(
-        max_examples=1000,
+        max_examples=int(os.environ.get("MUTANT_EXAMPLES", "1000")),
         stateful_step_count=50,
         derandomize=True,
         database=None,
@@ -216,6 +234,6 @@ def test_a_broken_scheduler_is_caught(name: str) -> None:
         suppress_health_check=list(HealthCheck),
     )
     with mutated(module_name, original, broken), pytest.raises(AssertionError) as caught:
-        run_state_machine_as_test(SchedulerMachine, settings=search)
+        run_state_machine_as_test(FOCUSED.get(name, SchedulerMachine), settings=search)
     message = str(caught.value)
     assert any(i in message for i in ids), f"{name} was caught, but not by {ids}: {message[:400]}"

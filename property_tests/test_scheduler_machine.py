@@ -357,7 +357,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def inv_state(self) -> None:
         """Every state invariant of statemachine/invariants.py holds after every step."""
         # checks: INV-CAP INV-BUDGET INV-IDS INV-SLOTS INV-READY INV-KILL-IDLE INV-GPUS
-        # checks: INV-REQUEST-HOME INV-QUEUE INV-SHUTDOWN INV-INDEX INV-RETIRED
+        # checks: INV-REQUEST-HOME INV-QUEUE INV-SHUTDOWN INV-INDEX INV-RETIRED INV-FAILING
         if self.state is None:
             return
         try:
@@ -408,8 +408,8 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @invariant()
     def inv_lifecycle(self) -> None:
-        # checks: INV-CANCEL INV-LOAD-FAILURE INV-WAKE INV-IDS INV-GPUS
-        self.expect("INV-CANCEL", "INV-LOAD-FAILURE", "INV-WAKE", "INV-IDS", "INV-GPUS")
+        # checks: INV-CANCEL INV-LOAD-FAILURE INV-WAKE INV-IDS INV-GPUS INV-FAILING
+        self.expect("INV-CANCEL", "INV-LOAD-FAILURE", "INV-WAKE", "INV-IDS", "INV-GPUS", "INV-FAILING")
 
     @invariant()
     def inv_economy(self) -> None:

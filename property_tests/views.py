@@ -92,6 +92,8 @@ class WorldView:
     spawned_ids: set[int] = attrs.Factory(set)
     last_used: dict[str, float] = attrs.Factory(dict)  # model -> its last dispatch or finish (lru age)
     loaded_at: dict[str, float] = attrs.Factory(dict)  # model -> when its residency began (fifo age, ttl)
+    # Models a load of which failed while another replica of them was live (until one is ready or none is).
+    failing: set[str] = attrs.Factory(set)
 
     # --------------------------------------------------------------------------------------- queries
     def waiting(self) -> list[RequestView]:
@@ -157,7 +159,10 @@ class WorldView:
         """The candidate the scheduler loads for ``request`` (first lacking replicas that could get one), and
         how many replicas of it."""
         for name in eligible(self.settings, request.target, request.tokens):
-            if self.live_count(name) < self.settings.models[name].replicas:
+            live = self.live_count(name)
+            if live and name in self.failing:
+                continue  # INV-FAILING: no new replica while the others of a failed load settle
+            if live < self.settings.models[name].replicas:
                 count = self.addable(name)
                 if count:
                     return name, count

@@ -27,6 +27,10 @@ def check(state: State) -> None:
     by_id = {r.id: r for r in state.replicas}
     if len(by_id) != len(state.replicas):
         _fail("INV-IDS", "two replicas share an id")
+    for model in state.failing:
+        live = [r for r in state.replicas if r.model == model and r.phase != STOPPING and not r.draining]
+        if not live:
+            _fail("INV-FAILING", f"{model} is marked failing but has no live replica")
     for replica in state.replicas:
         spec = state.spec_of(replica)
         if len(replica.inflight) > spec.slots:

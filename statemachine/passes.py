@@ -142,11 +142,12 @@ def _all_busy(w: Work, names: list[str]) -> bool:
 
 
 def _to_load(w: Work, names: list[str]) -> tuple[ModelSpec, int] | None:
-    """The first candidate that lacks replicas and could ever get one, with how many more it can have."""
+    """The first candidate that lacks replicas and could ever get one, with how many more it can have. A
+    model whose last load failed while others of it still load or serve gets none until that settles."""
     for name in names:
         spec = w.model(name)
         live = len(w.live_replicas(name))
-        if live >= spec.replicas:
+        if live >= spec.replicas or (live and name in w.failing):
             continue
         count = _loadable(w, spec, live)
         if count:

@@ -72,7 +72,10 @@ def _startup(w: Work, e: Startup) -> None:
     for spec in sorted(w.settings.models.values(), key=lambda m: m.name):
         if not (spec.pinned or spec.load_on_startup) or spec.refusal is not None:
             continue
-        missing = spec.replicas - len(w.live_replicas(spec.name))
+        live = len(w.live_replicas(spec.name))
+        if live and spec.name in w.failing:
+            continue
+        missing = spec.replicas - live
         if missing > 0 and all(w.fits(spec, g, missing, set(), count_stopping=True) for g in spec.gpus):
             for _ in range(missing):
                 w.spawn(spec, "load on startup", None)
@@ -148,6 +151,7 @@ def _ready(w: Work, e: ReplicaReady) -> None:
     if replica is None or replica.phase != LOADING:
         raise IllegalEvent(f"ReplicaReady for replica {e.replica}, which is not loading")
     w.put(attrs.evolve(replica, phase=READY))
+    w.failing.discard(replica.model)
 
 
 def _load_failed(w: Work, e: LoadFailed) -> None:
@@ -161,7 +165,9 @@ def _load_failed(w: Work, e: LoadFailed) -> None:
 
 def _after_load_failure(w: Work, model: str, reason: str) -> None:
     if w.live_replicas(model):
+        w.failing.add(model)  # the others may still load; no new one starts meanwhile
         return
+    w.failing.discard(model)
     fail_waiters(w, model, f"model '{model}' failed to load: {reason}", 503, "load_failed")
 
 

@@ -98,6 +98,9 @@ class State:
     # Replicas whose model a reload removed or restarted, with the spec they were started with: they drain and
     # stop, and count with that spec until they have exited.
     retired: PMap[int, ModelSpec] = attrs.field(factory=pmap)
+    # Models a load of which failed while other replicas of them were still loading or ready: no further
+    # replica of them starts until one becomes ready or none is live (failing loads cannot chase each other).
+    failing: PSet[str] = attrs.field(factory=pset)
     # A cache for step(): replicas by model and each model's (free slot?, live replicas). Trusted only for the
     # very ``replicas`` tuple and ``settings`` it was built for; never part of equality or repr.
     index: ReplicaIndex | None = attrs.field(default=None, eq=False, repr=False)

@@ -7,7 +7,7 @@ scheduling pass to it, then freezes it into the next ``State``.
 from __future__ import annotations
 
 import attrs
-from pyrsistent import pmap
+from pyrsistent import pmap, pset
 
 from .commands import Command, Dispatch, Eviction, Kill, KillCause, Reject, Spawn
 from .fifo import Fifo
@@ -59,6 +59,7 @@ class Work:
         self.stopped = state.stopped
         self.wake_at = state.wake_at
         self.retired = state.retired.evolver()
+        self.failing: set[str] = set(state.failing)
         self.overflow: list[int] = []
         self.cmds: list[Command] = []
 
@@ -80,6 +81,7 @@ class Work:
             stopped=self.stopped,
             wake_at=self.wake_at,
             retired=self.retired.persistent(),
+            failing=pset(m for m in self.failing if self.live_replicas(m)) if self.failing else pset(),
             index=ReplicaIndex(replicas, self.settings, self.by_model, self.memo),
         )
 
@@ -205,6 +207,7 @@ class Work:
             id=rid, model=model.name, gpus=model.gpus, phase=LOADING, spawned_at=self.now
         )
         self.by_model[model.name] = (*self.by_model.get(model.name, ()), rid)
+        self.failing.discard(model.name)  # a failing model starts again only once none of it is live
         self.touched(model.name)
         if model.name not in self.loaded_at:
             self.loaded_at[model.name] = self.now

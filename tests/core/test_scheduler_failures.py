@@ -236,19 +236,56 @@ def test_load_failure_rejects_the_waiters_of_that_model_at_once() -> None:
 
 
 def test_load_failure_keeps_waiters_while_another_replica_loads() -> None:
-    # checks: INV-LOAD-FAILURE
+    """The failed replica is not replaced while the other one still loads; once that one is ready the model
+    may grow again."""
+    # checks: INV-LOAD-FAILURE INV-FAILING
     play(
         Settings(models=[ModelSpec("a", replicas=2)]),
         [
             (RequestArrived(1, "a"), [spawn(1, "a", 1), spawn(2, "a", 1)]),
             (RequestArrived(2, "a"), []),
-            (
-                LoadFailed(1, "oom"),
-                [Kill(1, "a", "load failed: oom", KillCause.LOAD_FAILED), spawn(3, "a", 1)],
-            ),
-            (ReplicaReady(2), [Dispatch(1, 2, "a")]),
+            (LoadFailed(1, "oom"), [Kill(1, "a", "load failed: oom", KillCause.LOAD_FAILED)]),
+            (ReplicaExited(1, "stopped"), []),
+            (ReplicaReady(2), [Dispatch(1, 2, "a"), spawn(3, "a", 2)]),
         ],
     )
+
+
+def test_loads_that_keep_failing_do_not_chase_each_other() -> None:
+    """Two replicas loading, both fail: the first failure starts no replacement, the second (no replica left
+    alive) answers the waiters, and the next request tries again."""
+    # checks: INV-LOAD-FAILURE INV-FAILING
+    why = "model 'a' failed to load: bad flag"
+    state = play(
+        Settings(models=[ModelSpec("a", replicas=2)]),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1), spawn(2, "a", 1)]),
+            (LoadFailed(1, "bad flag"), [Kill(1, "a", "load failed: bad flag", KillCause.LOAD_FAILED)]),
+            (ReplicaExited(1, "stopped"), []),
+            (
+                LoadFailed(2, "bad flag"),
+                [
+                    Kill(2, "a", "load failed: bad flag", KillCause.LOAD_FAILED),
+                    Reject(1, 503, "load_failed", why),
+                ],
+            ),
+            (ReplicaExited(2, "stopped"), []),
+            (RequestArrived(2, "a"), [spawn(3, "a", 2), spawn(4, "a", 2)]),
+        ],
+    )
+    assert not state.failing
+
+
+def test_a_crash_while_loading_counts_as_a_failed_load() -> None:
+    # checks: INV-FAILING
+    state = play(
+        Settings(models=[ModelSpec("a", replicas=2)]),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1), spawn(2, "a", 1)]),
+            (ReplicaExited(1, "exit status 1 while loading"), []),
+        ],
+    )
+    assert state.failing == {"a"}
 
 
 def test_a_model_pinned_residents_leave_no_room_for_is_refused_with_the_pinned_ones_named() -> None:

@@ -40,7 +40,7 @@ def cited(text: str) -> set[str]:
 
 
 def _test_files() -> list[Path]:
-    return sorted(p for d in TEST_DIRS for p in d.glob("*.py") if p.name != "test_spec_ids.py")
+    return sorted(p for d in TEST_DIRS for p in d.rglob("*.py") if p.name != "test_spec_ids.py")
 
 
 def find_function(path: Path, qualified: str) -> str | None:
