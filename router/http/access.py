@@ -5,8 +5,17 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping, Sequence
 
-# /health for probes; the dashboard's static page and assets hold no data (it asks for a key itself).
-OPEN_PATHS = ("/health", "/dash", "/dash/dash.js", "/dash/dash.css")
+from router.http import pages
+
+# /health for probes; the pages and their assets hold no data (they ask for a key themselves).
+OPEN_PATHS = (
+    "/health",
+    "/dash",
+    "/dash/dash.js",
+    "/dash/dash.css",
+    "/dash/dash-plan.js",
+    *pages.OPEN_PATHS,
+)
 
 
 def presented_key(headers: Mapping[str, str]) -> str | None:

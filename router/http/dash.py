@@ -10,11 +10,12 @@ Routes:
 - ``GET /metrics``: Prometheus text (see ``router.observe.metrics``).
 - ``GET /history?limit=&model=&status=``: ``{"rows": [...], "source": "db"|"memory", "written", "lost"}``,
   newest first. ``status`` is a code, ``2xx``/``4xx``/``5xx``, ``ok`` or ``error``.
-- ``GET /dash``: the dashboard (static files from ``router/http/static``); it polls /status, /history and
-  /dash/timeline.
+- ``GET /dash``: the dashboard (static files from ``router/http/static``); it polls /status, /history,
+  /dash/timeline and /plan (each model's placement verdict in words).
 - ``GET /dash/timeline?since=T``: per-GPU samples of the last hour newer than wall-clock time ``T``, and
   the queue with each request's age right now.
 - ``/chat/{model}/...``: see ``router.http.chat_page``.
+- ``/translate``, ``/chat``, ``/talk``: see ``router.http.pages``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from router.config.load import Config
 from router.http.app import FORWARDED
 from router.http.chat_page import register_chat
 from router.http.errors import error_response
+from router.http.pages import register_pages
 from router.journal.history import History, HistoryQuery, status_range
 from router.journal.records import RequestRecord
 from router.observe.gpu_sampler import GpuSampler
@@ -45,6 +47,7 @@ _FILES = {
     "dash.html": "text/html; charset=utf-8",
     "dash.js": "text/javascript; charset=utf-8",
     "dash.css": "text/css; charset=utf-8",
+    "dash-plan.js": "text/javascript; charset=utf-8",
 }
 _FORWARDED = frozenset(FORWARDED)
 
@@ -196,3 +199,4 @@ def register_dash(
         return _static(name)
 
     register_chat(app, router, client)
+    register_pages(app)
