@@ -168,13 +168,22 @@ class Router:
 
     # ---------------------------------------------------------------------------- handler side
     def admit(
-        self, target: str, *, asked: str | None, endpoint: str, client: str, tokens: int | None
+        self,
+        target: str,
+        *,
+        asked: str | None,
+        endpoint: str,
+        client: str,
+        tokens: int | None,
+        prefix: tuple[int, ...] = (),
     ) -> Ticket:
+        """A new request for ``target``; ``prefix`` is its prefix chain (router.http.prefix_key), which only
+        steers which free replica serves it."""
         rid = self._next_rid
         self._next_rid += 1
         ticket = Ticket(rid, target, asked, endpoint, client, time.time())
         self.tickets[rid] = ticket
-        self.submit(RequestArrived(rid, target, tokens))
+        self.submit(RequestArrived(rid, target, tokens, prefix))
         return ticket
 
     def finish(self, ticket: Ticket, *, completed: bool) -> None:
