@@ -86,6 +86,7 @@ def test_replica_ids_slots_phase_and_gpus() -> None:
 
 
 def test_replica_memory_is_bounded_and_holds_no_redundant_chain() -> None:
+    # checks: INV-AFFINITY-MEMORY
     state = base()  # model a has 2 slots: 8 chains at the default 4 per slot
     check(with_replica(state, memory=tuple((n,) for n in range(8))))
     fails(
