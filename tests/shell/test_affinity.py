@@ -8,6 +8,7 @@ from typing import Any
 
 import trio
 
+from router.http.prefix_key import prefix_chain
 from router.shell.ticket import Ticket
 from tests.support.harness import RouterHandle, running_router
 
@@ -80,3 +81,15 @@ async def test_without_prefix_affinity_the_least_busy_replica_serves(tmp_path: P
     first = min(memories)
     assert served["B"][1:] == [first] * 3 and served["A"][1:] == [first] * 3, served
     assert all(memory == () for memory in memories.values())
+
+
+async def test_the_chat_page_passes_the_chain_of_its_body(tmp_path: Path) -> None:
+    async with running_router(tmp_path, MODELS) as rt:
+        await rt.wait_ready("a", 2)
+        doc = body("A", 2)
+        reply = await rt.client.post("/chat/a/v1/chat/completions", json=doc)
+        assert reply.status_code == 200, reply.text
+        await rt.wait_idle()
+        memories = [r.memory for r in rt.router.state.replicas if r.memory]
+    chain = prefix_chain(doc, "/v1/chat/completions")
+    assert len(chain) >= 4 and memories == [(chain,)]
