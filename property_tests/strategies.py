@@ -28,12 +28,14 @@ def policies(draw: st.DrawFn) -> Policy:
 
 @st.composite
 def affinity_settings(draw: st.DrawFn) -> Settings:
-    """``scheduler_settings`` with an affinity guard of 0–2 and a memory of 0, 1 or 4 chains per slot."""
+    """``scheduler_settings`` with an affinity guard of 0–2, a memory of 0, 1 or 4 chains per slot, and two
+    replicas for most models (affinity only chooses between replicas)."""
     settings = draw(scheduler_settings())
     guard = draw(st.sampled_from((1, 1, 0, 2)))
     memory = draw(st.sampled_from((4, 4, 1, 0)))
     policy = attrs.evolve(settings.policy, affinity_guard=guard, affinity_memory=memory)
-    return attrs.evolve(settings, policy=policy)
+    specs = [attrs.evolve(m, replicas=draw(st.sampled_from((2, 2, 1)))) for m in settings.models.values()]
+    return attrs.evolve(settings, models=specs, policy=policy)
 
 
 @st.composite
