@@ -3,9 +3,9 @@
 ``AffinityMachine`` inherits every rule and check of ``SchedulerMachine``; it draws settings with two replicas
 for most models, an affinity guard of 0–2 and a memory of 0, 1 or 4 chains per slot, and gives each arrival
 a chain of up to three blocks over a two-letter alphabet, so that requests share leading blocks often and
-replicas compete on their matches. The affinity checks (INV-AFFINITY-*, INV-LEAST-LOADED) run after every step, with all the
-others. A separate class keeps the derandomized searches of test_mutants.py, which the source of
-``SchedulerMachine`` seeds, drawing the examples they always drew.
+replicas compete on their matches. The affinity checks (INV-AFFINITY-*, INV-LEAST-LOADED) run after every
+step, with all the others. A separate class keeps the derandomized searches of test_mutants.py, which the
+source of ``SchedulerMachine`` seeds, drawing the examples they always drew.
 """
 
 from __future__ import annotations
