@@ -14,13 +14,17 @@ Each round sends a long conversation to model A and then, in order:
 For each step the table gives the medians over the rounds of ``timings.cache_n`` (prompt tokens taken from
 the cache), ``timings.prompt_n`` (prompt tokens evaluated), the reused share cache_n / (cache_n + prompt_n)
 and the latency; then the goals (after an eviction >= 90 % of the prompt cached, its prefill <= 1/5 of the
-cold one) and the capacity pass (``benchmarks/prompt_cache_capacity.py``: N conversations kept in RAM and
-on disk, each revisited). Without ``--url`` the router is started on two tiny models on one declared GPU with
-``max_models_per_gpu = 1``; with ``--url`` pass ``--models A,B`` (two models sharing a GPU), or the first
-such pair listed is used. Writes outputs/benchmark-prompt-cache.json.
+cold one) and the capacity pass (``benchmarks/prompt_cache_capacity.py``: ``--held`` conversations kept in
+RAM and on disk, each revisited). Without ``--url`` the router is started on two tiny models on one
+declared GPU with ``max_models_per_gpu = 1``; with ``--url`` pass ``--models A,B`` (two models sharing a
+GPU), or the first such pair listed is used. Writes outputs/benchmark-prompt-cache.json.
 
     python benchmarks/bench_prompt_cache.py [--url URL | --host HOST:PORT] [--rounds|-n 3]
-        [--prompt-words 600] [--instance-url URL]
+        [--prompt-words 600] [--held 6] [--instance-url URL]
+
+``--pass affinity`` measures prefix affinity instead (``benchmarks/prompt_cache_affinity.py``):
+
+    python benchmarks/bench_prompt_cache.py --pass affinity [--conversations 2] [--turns 6]
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.prompt_cache_affinity import run_affinity
 from benchmarks.prompt_cache_capacity import capacity
 from benchmarks.results import LocalRouter, base_parser, ms, print_table, ratio, run_benchmark
 from benchmarks.services import DEVICE_MIB, make_models, shape_facts
@@ -158,7 +163,7 @@ async def benchmark(url: str, args: argparse.Namespace) -> dict[str, Any]:
         rows: list[dict[str, Any]] = []
         for round_ in range(1, args.rounds + 1):
             rows.extend(await one_round(client, a, b, round_, args))
-        held = await capacity(client, a, b, args) if args.conversations > 0 else None
+        held = await capacity(client, a, b, args) if args.held > 0 else None
     steps = step_medians(rows)
     result = {
         "model_a": a,
@@ -329,9 +334,18 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokens", type=int, default=8, help="tokens each reply generates")
     parser.add_argument("--models", help="A,B: the model measured and its swap partner on the same GPU")
     parser.add_argument("--parallel", type=int, default=1, help="slots per replica (self-started router)")
+    parser.add_argument("--held", type=int, default=6, help="conversations of the capacity pass (0: skip it)")
     parser.add_argument(
-        "--conversations", type=int, default=6, help="conversations of the capacity pass (0: skip it)"
+        "--pass",
+        dest="which",
+        choices=("cache", "affinity"),
+        default="cache",
+        help="cache: the steps above (default); affinity: conversations on two replicas "
+        "(benchmarks/prompt_cache_affinity.py)",
     )
+    parser.add_argument("--conversations", type=int, default=2, help="affinity: conversations at once")
+    parser.add_argument("--turns", type=int, default=6, help="affinity: turns per conversation")
+    parser.add_argument("--pause-ms", type=float, default=300.0, help="affinity: most pause between turns")
     parser.add_argument(
         "--instance-url",
         metavar="URL",
@@ -343,6 +357,8 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
     args = parser.parse_args(argv)
+    if args.which == "affinity":
+        return run_affinity(args, send, SHAPES["alpha"])
 
     def setup(work: Path) -> LocalRouter:
         paths = make_models(work / "models", SHAPES)

@@ -73,7 +73,7 @@ async def _conversations(
     """First turns of every conversation, then every next turn; B after each when ``b`` is given."""
     firsts: list[tuple[str, str]] = []
     rows: list[dict[str, Any]] = []
-    for i in range(args.conversations):
+    for i in range(args.held):
         text = f"Conversation {seed + i}. " + prompt_text(args.prompt_words, seed=seed + i)
         row, reply = await _turn(client, chat_body(a, args.tokens, text))
         firsts.append((text, reply))
@@ -108,7 +108,7 @@ def _summary(rows: list[dict[str, Any]], turn: str) -> dict[str, Any]:
 
 async def capacity(client: httpx.AsyncClient, a: str, b: str | None, args: Any) -> dict[str, Any]:
     """Both ways (the disk one only when ``b`` shares A's GPU)."""
-    result: dict[str, Any] = {"conversations": args.conversations}
+    result: dict[str, Any] = {"conversations": args.held}
     ram = await _conversations(client, a, None, args, seed=10_000)
     result["ram"] = {
         "first": _summary(ram, "first"),

@@ -1,14 +1,16 @@
 """The commands of a step, walked in the order they came out: each ``Spawn``, ``Kill``, ``Dispatch``,
 ``WakeAt`` and ``Stopped`` is checked against the world's view at that moment (INV-IDS, INV-GPUS,
 INV-REPLICAS, INV-CAP, INV-BUDGET, INV-KILL-IDLE, INV-NO-DOUBLE-DISPATCH, INV-DISPATCH-READY, INV-SLOTS,
-INV-LEAST-LOADED, INV-POOL-PRIORITY, INV-WAKE, INV-SHUTDOWN, INV-CAUSE through causes.py) and then applied
-to it; a ``Reject`` goes to answers.py, an eviction ``Kill`` also to evictions.py.
+INV-LEAST-LOADED and the affinity choice through affinity.py, INV-POOL-PRIORITY, INV-WAKE, INV-SHUTDOWN,
+INV-CAUSE through causes.py) and then applied to it; a ``Reject`` goes to answers.py, an eviction ``Kill``
+also to evictions.py.
 """
 
 from __future__ import annotations
 
 from statemachine import Command, Dispatch, Kill, Reject, Spawn, Stopped, UnloadRequested, WakeAt
 
+from .affinity import choice_problems, remember
 from .after_step import AfterStepChecks
 from .answers import AnswerChecks
 from .causes import kill_problem, spawn_problem
@@ -129,12 +131,12 @@ class CommandChecks(AnswerChecks, AfterStepChecks):
                 "INV-SLOTS", f"{c} to a replica with {len(replica.inflight)} of {spec.slots} slots busy"
             )
         free = w.free_replicas(c.model)
-        if free:
-            best = min(free, key=lambda r: (len(r.inflight), r.id))
-            if len(best.inflight) < len(replica.inflight) or (
-                len(best.inflight) == len(replica.inflight) and best.id != replica.id
-            ):
-                self.fail("INV-LEAST-LOADED", f"{c} while replica {best.id} had fewer in flight")
+        if free and replica not in free:
+            for inv in ("INV-AFFINITY-GUARD", "INV-LEAST-LOADED"):
+                self.fail(inv, f"{c} to a replica without a free slot while {free[0].id} had one")
+        elif free:
+            for inv, message in choice_problems(free, replica, request.prefix, self.s.policy.affinity_guard):
+                self.fail(inv, f"{c}: {message}")
         if request.target in self.s.pools:
             self.pool_priority(request, c)
         self.dispatches.append((request, c.model))
@@ -144,6 +146,7 @@ class CommandChecks(AnswerChecks, AfterStepChecks):
         request.status, request.put_back = RUNNING, False
         request.replica, request.model = c.replica, c.model
         replica.inflight.add(c.rid)
+        remember(replica, request.prefix, self.s.policy)
 
     def pool_priority(self, request: RequestView, c: Dispatch) -> None:
         """A pooled request goes to the first member with a free slot, unless an earlier claim holds it."""

@@ -73,7 +73,7 @@ class StepBase:
             w.now = e.now
         elif isinstance(e, RequestArrived):
             w.arrivals += 1
-            request = RequestView(e.rid, e.target, e.tokens, w.now, w.arrivals)
+            request = RequestView(e.rid, e.target, e.tokens, w.now, w.arrivals, prefix=e.prefix)
             pool = self.s.pools.get(e.target)
             waiting = w.waiting()
             self.arrival_over_limit = len(waiting) >= self.s.policy.queue_limit or (

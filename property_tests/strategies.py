@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 from hypothesis import strategies as st
 
 from statemachine import DeviceSpec, ModelSpec, Policy, PoolSpec, Settings
@@ -9,6 +10,8 @@ from statemachine import DeviceSpec, ModelSpec, Policy, PoolSpec, Settings
 UNKNOWN_TARGET = "ghost"
 CTX_CHOICES = (None, 64, 256, 1024)
 TOKEN_CHOICES = (None, 1, 50, 200, 500, 2000)
+# Prefix chains over a two-letter alphabet, at most three blocks long: requests share leading blocks often.
+PREFIXES = st.lists(st.sampled_from((1, 2)), max_size=3).map(tuple)
 
 
 @st.composite
@@ -21,6 +24,18 @@ def policies(draw: st.DrawFn) -> Policy:
         queue_limit=draw(st.sampled_from((1000, 1000, 5, 2, 1, 0))),
         routing_queue_limit=draw(st.sampled_from((32, 3, 1, 0))),
     )
+
+
+@st.composite
+def affinity_settings(draw: st.DrawFn) -> Settings:
+    """``scheduler_settings`` with an affinity guard of 0–2, a memory of 0, 1 or 4 chains per slot, and two
+    replicas for most models (affinity only chooses between replicas)."""
+    settings = draw(scheduler_settings())
+    guard = draw(st.sampled_from((1, 1, 0, 2)))
+    memory = draw(st.sampled_from((4, 4, 1, 0)))
+    policy = attrs.evolve(settings.policy, affinity_guard=guard, affinity_memory=memory)
+    specs = [attrs.evolve(m, replicas=draw(st.sampled_from((2, 2, 1)))) for m in settings.models.values()]
+    return attrs.evolve(settings, models=specs, policy=policy)
 
 
 @st.composite

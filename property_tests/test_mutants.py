@@ -21,11 +21,12 @@ from hypothesis.stateful import initialize, run_state_machine_as_test
 from statemachine import Settings
 
 from .strategies import claim_settings
+from .test_affinity_machine import AffinityMachine
 from .test_scheduler_machine import SchedulerMachine
 
 
 class ClaimMachine(SchedulerMachine):
-    """The scheduler machine on one GPU that three models take turns on (see ``claim_settings``)."""
+    """The scheduler machine on two GPUs that four models take turns on (see ``claim_settings``)."""
 
     @initialize(settings=claim_settings())
     def setup(self, settings: Settings) -> None:
@@ -55,7 +56,7 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "if load < best_load and r.phase == READY and not r.draining:",
         "if (best is None or load > len(best.inflight)) and load < slots "
         "and r.phase == READY and not r.draining:",
-        ("INV-LEAST-LOADED",),
+        ("INV-LEAST-LOADED", "INV-AFFINITY-NEUTRAL"),
     ),
     "evict busy replicas": (
         "passes",
@@ -65,8 +66,8 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     "dispatch forgets to refresh the cache": (
         "work",
-        "inflight=replica.inflight.add(request.rid))\n        self.touched(replica.model)",
-        "inflight=replica.inflight.add(request.rid))",
+        "memory=memory\n        )\n        self.touched(replica.model)",
+        "memory=memory\n        )",
         ("INV-INDEX",),
     ),
     "pools try their last member first": (
@@ -175,6 +176,35 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
 }
 
 
+# The same, for the affinity choice: caught by AffinityMachine, whose arrivals carry prefix chains.
+AFFINITY_MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
+    "affinity ignores the guard": (
+        "work",
+        "limit = min(best_load + self.policy.affinity_guard, slots - 1)",
+        "limit = slots - 1",
+        ("INV-AFFINITY-GUARD", "INV-AFFINITY-LONGEST"),
+    ),
+    "the first matching replica wins": (
+        "work",
+        "if match > chosen_match or (match == chosen_match and match and load < chosen_load):",
+        "if match and not chosen_match:",
+        ("INV-AFFINITY-LONGEST",),
+    ),
+    "a replica remembers one chain too many": (
+        "work",
+        "memory = remember(memory, request.prefix, bound)",
+        "memory = remember(memory, request.prefix, bound + 1)",
+        ("INV-AFFINITY-MEMORY",),
+    ),
+    "a chain does not replace the chains it extends": (
+        "affinity",
+        "if not (len(known) <= len(chain) and chain[: len(known)] == known)",
+        "if known != chain",
+        ("INV-AFFINITY-MEMORY",),
+    ),
+}
+
+
 @contextmanager
 def mutated(module_name: str, original: str, broken: str) -> Iterator[None]:
     module = importlib.import_module(f"statemachine.{module_name}")
@@ -219,11 +249,13 @@ def mutated(module_name: str, original: str, broken: str) -> Iterator[None]:
         vars(module).update(saved)
 
 
-@pytest.mark.parametrize("name", sorted(MUTANTS))
+@pytest.mark.parametrize("name", sorted(MUTANTS) + sorted(AFFINITY_MUTANTS))
 def test_a_broken_scheduler_is_caught(name: str) -> None:
     # checks: INV-ORDER INV-LEAST-LOADED INV-KILL-IDLE INV-INDEX INV-LOAD-FAILURE INV-POOL-PRIORITY INV-RELOAD
     # checks: INV-WAKE-EARLIEST INV-VICTIM INV-EVICT-NEED INV-LOAD-FITS INV-REPLICAS INV-ANSWER INV-CAUSE
-    module_name, original, broken, ids = MUTANTS[name]
+    # checks: INV-AFFINITY-GUARD INV-AFFINITY-LONGEST INV-AFFINITY-MEMORY INV-FAILING
+    machine = SchedulerMachine if name in MUTANTS else AffinityMachine
+    module_name, original, broken, ids = MUTANTS.get(name) or AFFINITY_MUTANTS[name]
     search = settings(
         max_examples=int(os.environ.get("MUTANT_EXAMPLES", "1000")),
         stateful_step_count=50,
@@ -234,6 +266,6 @@ def test_a_broken_scheduler_is_caught(name: str) -> None:
         suppress_health_check=list(HealthCheck),
     )
     with mutated(module_name, original, broken), pytest.raises(AssertionError) as caught:
-        run_state_machine_as_test(FOCUSED.get(name, SchedulerMachine), settings=search)
+        run_state_machine_as_test(FOCUSED.get(name, machine), settings=search)
     message = str(caught.value)
     assert any(i in message for i in ids), f"{name} was caught, but not by {ids}: {message[:400]}"

@@ -458,9 +458,18 @@ def _inv_causes(self: SchedulerMachine) -> None:
     self.expect("INV-CAUSE")
 
 
+@invariant()
+def _inv_affinity(self: SchedulerMachine) -> None:
+    """A dispatch goes to the free replica within the guard that remembers the longest part of the request's
+    chain (the least busy one when none does); each replica remembers what the world saw dispatched to it."""
+    # checks: INV-AFFINITY-GUARD INV-AFFINITY-NEUTRAL INV-AFFINITY-LONGEST INV-AFFINITY-MEMORY
+    self.expect("INV-AFFINITY-GUARD", "INV-AFFINITY-NEUTRAL", "INV-AFFINITY-LONGEST", "INV-AFFINITY-MEMORY")
+
+
 # Attached outside the class body, whose source seeds the derandomized searches of test_mutants.py: a check
 # added this way leaves the examples those searches draw (and so the mutants they find) as they are.
 SchedulerMachine.inv_causes = _inv_causes  # type: ignore[attr-defined]
+SchedulerMachine.inv_affinity = _inv_affinity  # type: ignore[attr-defined]
 
 TestSchedulerMachine = SchedulerMachine.TestCase
 TestSchedulerMachine.settings = machine_settings()

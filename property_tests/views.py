@@ -32,6 +32,7 @@ class ReplicaView:
     draining: bool = False
     hung: bool = False  # reported unresponsive: it goes at once, busy or not
     inflight: set[int] = attrs.Factory(set)
+    memory: list[tuple[int, ...]] = attrs.Factory(list)  # prefix chains of its last dispatches, newest first
 
     @property
     def loading(self) -> bool:
@@ -55,6 +56,7 @@ class RequestView:
     outcome: str | None = None
     put_back: bool = False  # waiting again after a DispatchFailed
     model: str | None = None  # the model it was dispatched to
+    prefix: tuple[int, ...] = ()
 
 
 def eligible(settings: Settings, target: str, tokens: int | None) -> list[str]:

@@ -8,7 +8,8 @@ are written here again, from the spec.
 
 The parts: views.py (what the environment knows and the queries over it), step_base.py (one step's record
 and the bookkeeping of its event), and the checks by subject, each building on the one below it:
-evictions.py, answers.py, after_step.py, command_checks.py, with causes.py for INV-CAUSE.
+evictions.py, answers.py, after_step.py, command_checks.py, with causes.py for INV-CAUSE and affinity.py for
+the choice among free replicas and what each remembers.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import attrs
 
 from statemachine import Command, Event, State
 
+from .affinity import memory_problems
 from .command_checks import CommandChecks
 from .views import Findings, WorldView
 
@@ -39,4 +41,6 @@ class _Step(CommandChecks):
             self.position = position
             self.command(command)
         self.after_commands()
+        for problem in memory_problems(self.w.replicas, self.state):
+            self.fail("INV-AFFINITY-MEMORY", problem)
         return dict(self.found)

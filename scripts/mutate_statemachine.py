@@ -36,6 +36,7 @@ PACKAGE = ROOT / "statemachine"
 TESTS = [
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "core").glob("test_*.py")),
     "property_tests/test_scheduler_machine.py",
+    "property_tests/test_affinity_machine.py",
     "property_tests/test_liveness.py",
 ]
 COPIED = ("statemachine", "tests", "property_tests", "spec", "pyproject.toml")

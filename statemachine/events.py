@@ -24,11 +24,15 @@ class RequestArrived:
     """A client request for ``target`` (a model or pool name; aliases already resolved).
 
     ``tokens`` is what the request needs in one slot (prompt + requested output), None when unknown.
+    ``prefix`` is a chain of hashes of the request's leading content in fixed-size blocks: ``prefix[i]``
+    stands for the first i+1 blocks, so two requests share their first k blocks exactly when their chains
+    share their first k elements. Empty when unknown; it only steers which free replica is chosen.
     """
 
     rid: int
     target: str
     tokens: int | None = None
+    prefix: tuple[int, ...] = ()
 
 
 @attrs.frozen

@@ -41,6 +41,7 @@ def check(state: State) -> None:
             _fail("INV-READY", f"replica {replica.id} is {replica.phase} with requests in flight")
         if replica.inflight and replica.phase == STOPPING and not replica.forced:
             _fail("INV-KILL-IDLE", f"replica {replica.id} was killed with requests in flight")
+        _check_memory(replica.id, replica.memory, settings.policy.affinity_memory * spec.slots)
         if tuple(replica.gpus) != tuple(spec.gpus):
             _fail("INV-GPUS", f"replica {replica.id} runs on {replica.gpus}, model says {spec.gpus}")
         for rid in replica.inflight:
@@ -82,6 +83,18 @@ def check(state: State) -> None:
         if replica is None or not (replica.draining or replica.phase == STOPPING):
             _fail("INV-RETIRED", f"retired replica {rid} is gone or still takes work")
     _check_index(state)
+
+
+def _check_memory(rid: int, memory: tuple[tuple[int, ...], ...], bound: int) -> None:
+    """A replica remembers at most ``bound`` chains, none empty, none a prefix of a more recent one."""
+    if len(memory) > max(bound, 0):
+        _fail("INV-AFFINITY-MEMORY", f"replica {rid} remembers {len(memory)} chains (bound {bound})")
+    for i, chain in enumerate(memory):
+        if not chain:
+            _fail("INV-AFFINITY-MEMORY", f"replica {rid} remembers an empty chain")
+        for newer in memory[:i]:
+            if newer[: len(chain)] == chain:
+                _fail("INV-AFFINITY-MEMORY", f"replica {rid} remembers {chain} beside its extension {newer}")
 
 
 def _check_index(state: State) -> None:

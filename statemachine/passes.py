@@ -90,7 +90,7 @@ def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wa
         spec = w.model(name)
         if blocked.intersection(spec.gpus):
             continue
-        replica = w.free_replica(name)
+        replica = w.free_replica(name, request.prefix)
         if replica is not None:
             w.dispatch(request, replica, name)
             return

@@ -84,7 +84,9 @@ def _startup(w: Work, e: Startup) -> None:
 def _arrived(w: Work, e: RequestArrived) -> None:
     if e.rid in w.requests:
         raise IllegalEvent(f"request {e.rid} arrived twice")
-    request = Request(rid=e.rid, target=e.target, tokens=e.tokens, arrived=w.now, seq=w.next_seq)
+    request = Request(
+        rid=e.rid, target=e.target, tokens=e.tokens, arrived=w.now, seq=w.next_seq, prefix=e.prefix
+    )
     w.next_seq += 1
     if w.shutting_down:
         w.cmds.append(_reject(e.rid, 503, "shutting_down", "the router is shutting down; retry shortly"))

@@ -69,6 +69,12 @@ class Policy:
     queue_force_load_timeout: float = 300.0
     queue_limit: int = 1000
     routing_queue_limit: int = 32
+    # Prefix affinity: a free replica up to ``affinity_guard`` requests busier than the least busy one may
+    # be preferred because it recently served the longest part of the request's prefix chain. Each replica
+    # remembers ``affinity_memory`` chains per slot: one per slot for what its slots hold now, the rest for
+    # what llama-server's host-memory prompt cache may still restore; small, so a choice stays cheap.
+    affinity_guard: int = 1
+    affinity_memory: int = 4
 
     @property
     def claim_after(self) -> float:

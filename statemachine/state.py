@@ -48,6 +48,7 @@ class Request:
     replica: int | None = None
     model: str | None = None
     overflow: bool = False
+    prefix: tuple[int, ...] = ()
 
 
 @attrs.frozen
@@ -55,7 +56,9 @@ class Replica:
     """One llama-server process of ``model``.
 
     ``draining``: takes no new work and is killed once idle (unload, shutdown). ``forced``: killed while it
-    still had requests in flight (shutdown deadline or forced unload).
+    still had requests in flight (shutdown deadline or forced unload). ``memory``: the prefix chains of the
+    last requests dispatched to it, most recent first (at most ``affinity_memory`` per slot), none a prefix
+    of a more recent one.
     """
 
     id: int
@@ -66,6 +69,7 @@ class Replica:
     inflight: PSet[int] = attrs.field(factory=pset)
     draining: bool = False
     forced: bool = False
+    memory: tuple[tuple[int, ...], ...] = ()
 
 
 @attrs.frozen

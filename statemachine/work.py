@@ -9,6 +9,7 @@ from __future__ import annotations
 import attrs
 from pyrsistent import pmap, pset
 
+from .affinity import Chain, remember, shared
 from .commands import Command, Dispatch, Eviction, Kill, KillCause, Reject, Spawn
 from .fifo import Fifo
 from .settings import ModelSpec
@@ -118,18 +119,36 @@ class Work:
         """Replicas that serve or will serve: loading or ready, not draining, not stopping."""
         return [r for r in self.replicas_of(model) if r.phase != STOPPING and not r.draining]
 
-    def free_replica(self, model: str) -> Replica | None:
-        """The ready replica with the fewest requests in flight that has a free slot (ties: lowest id)."""
+    def free_replica(self, model: str, prefix: Chain = ()) -> Replica | None:
+        """The ready replica with a free slot that gets a request with prefix chain ``prefix``.
+
+        Least busy: the fewest requests in flight, ties to the lowest id. With a chain, the replicas at most
+        ``affinity_guard`` busier than that compete on the longest part of the chain they remember; the least
+        busy rule decides between equal matches, and alone when nothing matches.
+        """
         slots = self.models[model].slots
         best: Replica | None = None
         best_load = slots
         replicas = self.replicas
-        for i in self.by_model.get(model, ()):
+        ids = self.by_model.get(model, ())
+        for i in ids:
             r = replicas[i]
             load = len(r.inflight)
             if load < best_load and r.phase == READY and not r.draining:
                 best, best_load = r, load
-        return best
+        if best is None or not prefix:
+            return best
+        limit = min(best_load + self.policy.affinity_guard, slots - 1)
+        chosen, chosen_load, chosen_match = best, best_load, 0
+        for i in ids:
+            r = replicas[i]
+            load = len(r.inflight)
+            if load > limit or not r.memory or r.phase != READY or r.draining:
+                continue
+            match = shared(r.memory, prefix)
+            if match > chosen_match or (match == chosen_match and match and load < chosen_load):
+                chosen, chosen_load, chosen_match = r, load, match
+        return chosen
 
     def status(self, model: str) -> tuple[bool, int]:
         """(has a ready replica with a free slot, number of live replicas), remembered until it changes."""
@@ -178,7 +197,13 @@ class Work:
         self.queues[request.target] = self.fifo(request.target).drop(request.rid, self.is_queued)
         self.waiting -= 1
         self.requests[request.rid] = attrs.evolve(request, phase=INFLIGHT, replica=replica.id, model=model)
-        self.replicas[replica.id] = attrs.evolve(replica, inflight=replica.inflight.add(request.rid))
+        memory = replica.memory
+        if request.prefix:
+            bound = self.policy.affinity_memory * self.spec_of(replica).slots
+            memory = remember(memory, request.prefix, bound)
+        self.replicas[replica.id] = attrs.evolve(
+            replica, inflight=replica.inflight.add(request.rid), memory=memory
+        )
         self.touched(replica.model)
         self.last_used[model] = self.now
         self.cmds.append(Dispatch(request.rid, replica.id, model))

@@ -78,6 +78,23 @@ ROUTER_KEYS: tuple[KeySpec, ...] = (
         0,
     ),
     KeySpec(
+        "affinity_guard",
+        INTEGER,
+        1,
+        "Prefix affinity: a model's free replica that recently served the longest part of a request's "
+        "leading content (system prompt, tools, earlier turns) gets it, so llama-server can reuse its "
+        "cached prompt, as long as it holds at most this many more requests than the least busy free "
+        "replica. 0: only equally busy replicas compete.",
+        0,
+    ),
+    KeySpec(
+        "prefix_affinity",
+        BOOLEAN,
+        True,
+        "Hash the leading content of chat, Anthropic messages, Responses and completion requests so that "
+        "prefix affinity can choose their replica. false: every request goes to the least busy free replica.",
+    ),
+    KeySpec(
         "num_gpus",
         INTEGER,
         None,

@@ -145,6 +145,8 @@ class RouterSettings:
     queue_force_load_timeout: float = _router_default("queue_force_load_timeout")
     queue_limit: int = _router_default("queue_limit")
     routing_queue_limit: int = _router_default("routing_queue_limit")
+    affinity_guard: int = _router_default("affinity_guard")
+    prefix_affinity: bool = _router_default("prefix_affinity")
     num_gpus: int | None = None
     load_timeout: float = _router_default("load_timeout")
     hang_timeout: float = _router_default("hang_timeout")

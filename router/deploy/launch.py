@@ -144,6 +144,7 @@ def scheduler_settings(
         queue_force_load_timeout=r.queue_force_load_timeout,
         queue_limit=r.queue_limit,
         routing_queue_limit=r.routing_queue_limit,
+        affinity_guard=r.affinity_guard,
     )
     return Settings(models=models, pools=pools, devices=devices, policy=policy)
 

@@ -29,6 +29,7 @@ from quart_trio import QuartTrio
 from router.config.load import resolve_name
 from router.http.browser_guard import drop_cors
 from router.http.errors import error_response, unknown_model
+from router.http.prefix_key import prefix_chain
 from router.http.proxy import HOP_BY_HOP, SAFE_SEGMENT, Proxy, read_replica_error
 from router.http.request_body import BodyError, parse_json, read_body
 from router.http.request_headers import as_sent
@@ -99,12 +100,15 @@ def register_chat(app: QuartTrio, router: Router, client: httpx.AsyncClient) -> 
         raw = await read_body()
         stream = False
         doc = None
+        prefix: tuple[int, ...] = ()
         if request.method == "POST":
             try:
                 doc = parse_json(raw)
             except BodyError:  # not JSON, or not within the router's limits: the replica judges it
                 doc = None
             stream = isinstance(doc, dict) and doc.get("stream") is True
+            if isinstance(doc, dict) and router.config.router.prefix_affinity:
+                prefix = prefix_chain(doc, "/" + rest)
         ticket = router.admit(
             model,
             asked=name,
@@ -112,6 +116,7 @@ def register_chat(app: QuartTrio, router: Router, client: httpx.AsyncClient) -> 
             client=request.remote_addr or "",
             tokens=None,
             body=doc if request.method == "POST" and isinstance(doc, dict) else None,
+            prefix=prefix,
         )
         g.ticket = ticket
         if request.method == "POST":

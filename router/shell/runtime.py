@@ -25,11 +25,11 @@ from router.deploy.deployment import Deployment
 from router.deploy.launch import ModelLaunch
 from router.hosts.gpu_monitor import GpuMonitor, Ours
 from router.journal.records import RequestRecord
-from router.shell.kv_slots import SAVE_CAUSES, KvOutcome, describe_kv
-from router.shell.kv_store import KvStore, shelf_name
+from router.shell.kv_policy import kv_launch, saves_before_stop
+from router.shell.kv_slots import KvOutcome, describe_kv
+from router.shell.kv_store import KvStore
 from router.shell.ports import free_port
 from router.shell.processes import (
-    KvLaunch,
     LaunchSpec,
     ProcessExited,
     ProcessKv,
@@ -40,7 +40,6 @@ from router.shell.processes import (
     SupervisorEvent,
     SupervisorFactory,
 )
-from router.shell.prompts import prompt_probe
 from router.shell.replica_logs import ReplicaLogs
 from router.shell.supervisor import Supervisor
 from router.shell.ticket import Ticket, TicketPhase, record_of
@@ -183,12 +182,15 @@ class Router:
         client: str,
         tokens: int | None,
         body: Mapping[str, Any] | None = None,
+        prefix: tuple[int, ...] = (),
     ) -> Ticket:
+        """A new request for ``target``; ``prefix`` is its prefix chain (router.http.prefix_key), which only
+        steers which free replica serves it."""
         rid = self._next_rid
         self._next_rid += 1
         ticket = Ticket(rid, target, asked, endpoint, client, time.time(), body=body)
         self.tickets[rid] = ticket
-        self.submit(RequestArrived(rid, target, tokens))
+        self.submit(RequestArrived(rid, target, tokens, prefix))
         return ticket
 
     def finish(self, ticket: Ticket, *, completed: bool) -> None:
@@ -303,7 +305,9 @@ class Router:
                 self._spawn(command)
             case Kill(replica=replica, model=model, reason=reason, cause=cause):
                 self._note("stop", model, replica, reason, cause)
-                self.supervisor.kill(replica, reason, save=self._saves_before_stop(replica, cause))
+                found = queries.find_replica(self.state, replica)
+                save = saves_before_stop(self.deployment, found, cause)
+                self.supervisor.kill(replica, reason, save=save)
             case WakeAt(at=at):
                 self._wake_at = at
                 if self._timer_scope is not None:
@@ -324,7 +328,9 @@ class Router:
         port = free_port()
         self.ports[command.replica] = port
         argv = launch.argv(port)
-        kv = self._kv_launch(command, launch)
+        ticket = self.tickets.get(command.request) if command.request is not None else None
+        body = ticket.body if ticket is not None else None
+        kv = kv_launch(self.deployment, self.kv_store, command.model, launch, body)
         if kv is not None:
             argv += ("--slot-save-path", str(kv.shelf))
         spec = LaunchSpec(
@@ -341,41 +347,6 @@ class Router:
         )
         self._note("load", command.model, command.replica, command.reason)
         self.supervisor.spawn(spec)
-
-    def _kv_enabled(self, model: str) -> bool:
-        router = self.config.router
-        spec = self.config.models.get(model)
-        return (
-            router.kv_store
-            and router.kv_store_mib > 0
-            and self.deployment.slot_saves
-            and spec is not None
-            and spec.kv_store
-        )
-
-    def _kv_launch(self, command: Spawn, launch: ModelLaunch) -> KvLaunch | None:
-        """Where the new replica's slots are saved and what it restores first (None: the store is off)."""
-        if not self._kv_enabled(command.model):
-            return None
-        self.kv_store.cap_bytes = self.config.router.kv_store_mib << 20
-        try:
-            shelf = self.kv_store.shelf(shelf_name(command.model, launch.argv(0)))
-        except OSError as exc:
-            log.warning("no saved prompt caches for %s: %s", command.model, exc)
-            return None
-        ticket = self.tickets.get(command.request) if command.request is not None else None
-        body = ticket.body if ticket is not None else None
-        probe = prompt_probe(body) if body is not None else None
-        return KvLaunch(self.kv_store, shelf, probe, self.config.router.kv_store_timeout)
-
-    def _saves_before_stop(self, replica: int, cause: KillCause) -> bool:
-        """Whether a replica being stopped for ``cause`` first saves its slots: an idle one whose model
-        keeps its caches (a replica stopped with requests in flight is not idle, and one that failed or hung
-        has nothing worth keeping)."""
-        if cause not in SAVE_CAUSES:
-            return False
-        found = queries.find_replica(self.state, replica)
-        return found is not None and not found.forced and self._kv_enabled(found.model)
 
     def _replica_dir(self) -> str | None:
         """Where replicas start: the config file's directory, so that relative paths in llama-server flags

@@ -85,6 +85,18 @@ def test_replica_ids_slots_phase_and_gpus() -> None:
     fails(with_replica(state, gpus=(1,)), "INV-GPUS", "runs on (1,)")
 
 
+def test_replica_memory_is_bounded_and_holds_no_redundant_chain() -> None:
+    # checks: INV-AFFINITY-MEMORY
+    state = base()  # model a has 2 slots: 8 chains at the default 4 per slot
+    check(with_replica(state, memory=tuple((n,) for n in range(8))))
+    fails(
+        with_replica(state, memory=tuple((n,) for n in range(9))), "INV-AFFINITY-MEMORY", "9 chains (bound 8)"
+    )
+    fails(with_replica(state, memory=((1,), ())), "INV-AFFINITY-MEMORY", "an empty chain")
+    fails(with_replica(state, memory=((1, 2), (1,))), "INV-AFFINITY-MEMORY", "beside its extension (1, 2)")
+    check(with_replica(state, memory=((1,), (1, 2))))  # an older, longer chain may stay
+
+
 def test_every_request_has_one_home() -> None:
     state = base()
     (a,) = state.replicas

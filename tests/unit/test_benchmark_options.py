@@ -93,7 +93,7 @@ async def test_prompt_cache_runs_the_same_rounds_against_the_instance(
         bench_prompt_cache, "async_client", lambda url: fake_server(url.split("//")[1], served)
     )
     argv = ["--host", "router:1", "--instance-url", "http://server:2", "-n", "2", "--prompt-words", "5"]
-    args = bench_prompt_cache.make_parser().parse_args([*argv, "--conversations", "0"])
+    args = bench_prompt_cache.make_parser().parse_args([*argv, "--held", "0"])
     result = await bench_prompt_cache.benchmark(args.url, args)
     instance = result["instance"]
     assert instance["url"] == "http://server:2"
@@ -115,8 +115,6 @@ async def test_prompt_cache_without_an_instance_runs_the_router_alone(
     monkeypatch.setattr(
         bench_prompt_cache, "async_client", lambda url: fake_server(url.split("//")[1], served)
     )
-    args = bench_prompt_cache.make_parser().parse_args(
-        ["--url", "http://router:1", "-n", "1", "--conversations", "0"]
-    )
+    args = bench_prompt_cache.make_parser().parse_args(["--url", "http://router:1", "-n", "1", "--held", "0"])
     result = await bench_prompt_cache.benchmark(args.url, args)
     assert "instance" not in result and {name for name, _ in served} == {"router:1"}

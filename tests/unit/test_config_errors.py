@@ -36,6 +36,8 @@ BAD_VALUES = [
     ("router.queue_force_load_timeout", 0, "0", "a number > 0"),
     ("router.queue_limit", -1, "-1", "an integer >= 0"),
     ("router.routing_queue_limit", 1.5, "1.5", "an integer >= 0"),
+    ("router.affinity_guard", -1, "-1", "an integer >= 0"),
+    ("router.prefix_affinity", "yes", '"yes"', "true or false"),
     ("router.num_gpus", -1, "-1", "an integer >= 0"),
     ("router.load_timeout", 0, "0", "a number > 0"),
     ("router.stop_timeout", -1.0, "-1.0", "a number > 0"),
