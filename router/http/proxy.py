@@ -93,6 +93,13 @@ def _reject_response(ticket: Ticket) -> Response:
     return error_response(ticket.reject.status, ticket.reject.code, ticket.reject.message, headers)
 
 
+def _may_wait_again(ticket: Ticket) -> bool:
+    """A request whose connection was refused may wait for another replica: the scheduler has not ended it,
+    or ended it only because that replica exited (nothing reached the replica, so nothing is lost or
+    repeated by admitting it again)."""
+    return ticket.rejection is None or ticket.rejection.code == "replica_exited"
+
+
 def name_member(body: bytes, model: str) -> bytes:
     """A pooled request's body with ``model`` set to the member that serves it, so the reply names it."""
     try:
@@ -172,10 +179,16 @@ class Proxy:
                     break
                 except httpx.ConnectError as exc:
                     # Nothing listens there any more (the replica died a moment ago): wait for another one.
-                    if attempt == REDISPATCHES or ticket.rejection is not None:
+                    if attempt == REDISPATCHES or not _may_wait_again(ticket):
                         raise
-                    self.router.redispatch(ticket, f"connection refused: {exc!r}")
+                    if ticket.rejection is not None:
+                        self.router.retry(ticket)  # the scheduler saw the exit first
+                    else:
+                        self.router.redispatch(ticket, f"connection refused: {exc!r}")
                     await ticket.decided.wait()
+                    if ticket.reject is not None and _may_wait_again(ticket):
+                        self.router.retry(ticket)  # the exit reached the scheduler before the refusal
+                        await ticket.decided.wait()
                     if ticket.reject is not None:
                         self.router.finish(ticket, completed=False)
                         return _reject_response(ticket)

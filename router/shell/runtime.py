@@ -188,7 +188,9 @@ class Router:
         steers which free replica serves it."""
         rid = self._next_rid
         self._next_rid += 1
-        ticket = Ticket(rid, target, asked, endpoint, client, time.time(), body=body)
+        ticket = Ticket(
+            rid, target, asked, endpoint, client, time.time(), body=body, tokens=tokens, prefix=prefix
+        )
         self.tickets[rid] = ticket
         self.submit(RequestArrived(rid, target, tokens, prefix))
         return ticket
@@ -443,6 +445,13 @@ class Router:
         """The replica ``ticket`` went to refused the connection: let the request wait for another."""
         ticket.again()
         self.submit(DispatchFailed(ticket.rid, reason))
+
+    def retry(self, ticket: Ticket) -> None:
+        """The replica ``ticket`` was sent to exited before it could take the request (the connection was
+        refused after the scheduler had ended the request with ``replica_exited``): nothing reached a replica,
+        so the request is admitted again, behind the requests waiting now, instead of failing."""
+        ticket.again()
+        self.submit(RequestArrived(ticket.rid, ticket.target, ticket.tokens, ticket.prefix))
 
     def redeploy(self, deployment: Deployment, changed: frozenset[str]) -> None:
         """Switch to a new deployment: ``changed`` models drain and stop; the rest keep serving."""

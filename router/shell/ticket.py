@@ -46,6 +46,8 @@ class Ticket:
     dispatched_at: float | None = None
     observed: Observation = attrs.field(factory=Observation)
     body: Mapping[str, Any] | None = None  # the parsed JSON body (read when the request loads a model)
+    tokens: int | None = None  # what it needs in one slot, as the scheduler was told
+    prefix: tuple[int, ...] = ()  # its prefix chain, as the scheduler was told
 
     @property
     def model(self) -> str | None:
@@ -64,6 +66,7 @@ class Ticket:
 
     def again(self) -> None:
         """Its replica refused the connection: it waits for another decision."""
+        self.rejection = None
         self.dispatch = self.port = None
         self.phase = TicketPhase.WAITING
         self.decided = trio.Event()
