@@ -39,6 +39,17 @@ def affinity_settings(draw: st.DrawFn) -> Settings:
 
 
 @st.composite
+def replica_choice_settings(draw: st.DrawFn) -> Settings:
+    """One model with three replicas of two or three slots, loaded at startup, and a guard of 0 or 1: every
+    arrival is a choice between replicas, the situations the affinity rules are about."""
+    spec = ModelSpec("m0", gpus=(0,), replicas=3, slots=draw(st.integers(2, 3)), load_on_startup=True)
+    policy = Policy(
+        affinity_guard=draw(st.sampled_from((0, 1))), affinity_memory=draw(st.sampled_from((1, 4)))
+    )
+    return Settings(models=[spec], devices=[DeviceSpec(0, None)], policy=policy)
+
+
+@st.composite
 def models(draw: st.DrawFn, index: int, gpus: list[int]) -> ModelSpec:
     # Now and then a model without GPUs (gpus = [] in the config: it runs on the CPU, outside every cap).
     cpu_only = draw(st.integers(0, 7)) == 0

@@ -20,7 +20,7 @@ from hypothesis.stateful import initialize, run_state_machine_as_test
 
 from statemachine import Settings
 
-from .strategies import claim_settings
+from .strategies import claim_settings, replica_choice_settings
 from .test_affinity_machine import AffinityMachine
 from .test_scheduler_machine import SchedulerMachine
 
@@ -33,9 +33,21 @@ class ClaimMachine(SchedulerMachine):
         super().setup(settings)
 
 
-# Mutants whose situation the general machine reaches too seldom for a fixed search: they get a machine whose
+class ReplicaChoiceMachine(AffinityMachine):
+    """The affinity machine on one model of three replicas (see ``replica_choice_settings``)."""
+
+    @initialize(settings=replica_choice_settings())
+    def setup(self, settings: Settings) -> None:
+        super().setup(settings)
+
+
+# Mutants whose situation the general machines reach too seldom for a fixed search: they get a machine whose
 # settings make it common.
-FOCUSED: dict[str, type[SchedulerMachine]] = {"a request behind an earlier claim still evicts": ClaimMachine}
+FOCUSED: dict[str, type[SchedulerMachine]] = {
+    "a request behind an earlier claim still evicts": ClaimMachine,
+    "affinity ignores the guard": ReplicaChoiceMachine,
+    "the first matching replica wins": ReplicaChoiceMachine,
+}
 
 # (module, original fragment, broken fragment, the ids that may catch it)
 MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
