@@ -67,9 +67,14 @@ def register_chat(app: QuartTrio, router: Router, client: httpx.AsyncClient) -> 
         url = f"http://127.0.0.1:{port}/{rest}"
         if request.query_string:
             url += "?" + request.query_string.decode("latin-1")
-        outgoing = client.build_request("GET", url, headers=as_sent(_pass_headers(request.headers).items()))
+        headers = as_sent(_pass_headers(request.headers).items())
         try:
-            upstream = await client.send(outgoing, stream=True)
+            try:
+                upstream = await client.send(client.build_request("GET", url, headers=headers), stream=True)
+            except httpx.RemoteProtocolError:
+                # The replica closed a kept-alive connection as it was reused (it closes after refusing a
+                # request): a GET is safe to send again, once, on a new connection.
+                upstream = await client.send(client.build_request("GET", url, headers=headers), stream=True)
         except httpx.HTTPError as exc:
             return error_response(502, "upstream_unreachable", f"the replica did not answer: {exc!r}")
         if upstream.status_code >= 400:
