@@ -18,6 +18,21 @@ MiB = 1 << 20
 GiB = 1 << 30
 ROOMY = {0: 64 * GiB, 1: 64 * GiB}
 
+# gemma3: layer i slides unless i % 6 == 5, so 20 of 24 layers slide (window 1024). 32 KV heads of 128:
+# one cell of one layer is 32*128*2 bytes of K plus as much V = 16384 bytes.
+GEMMA3_SWA = SyntheticModel(
+    arch="gemma3",
+    n_layer=24,
+    n_embd=4096,
+    n_head=32,
+    n_head_kv=32,
+    n_ff=1024,
+    n_vocab=1024,
+    n_ctx_train=32768,
+    extra=((".attention.sliding_window", 1024),),
+)
+GEMMA3_CELL = 16384
+
 
 def header_only(tmp_path: Path, model: SyntheticModel, name: str) -> Path:
     (path,) = write_header_only(tmp_path / f"{name}.gguf", model)

@@ -11,23 +11,9 @@ from pathlib import Path
 
 from router.placement.fit import plan_model
 from router.placement.model_plan import PlacementInput
-from router.placement.synthetic import SyntheticModel
-from tests.unit.placement_flag_models import ROOMY, GiB, MiB, header_only, plan_of
+from tests.unit.placement_flag_models import GEMMA3_CELL, GEMMA3_SWA, ROOMY, GiB, MiB, header_only, plan_of
 
-# gemma3: layer i slides unless i % 6 == 5, so 20 of 24 layers slide (window 1024). 32 KV heads of 128:
-# one cell of one layer is 32*128*2 bytes of K plus as much V = 16384 bytes.
-SWA = SyntheticModel(
-    arch="gemma3",
-    n_layer=24,
-    n_embd=4096,
-    n_head=32,
-    n_head_kv=32,
-    n_ff=1024,
-    n_vocab=1024,
-    n_ctx_train=32768,
-    extra=((".attention.sliding_window", 1024),),
-)
-CELL = 16384
+SWA, CELL = GEMMA3_SWA, GEMMA3_CELL
 SLIDING, FULL = 20, 4
 
 

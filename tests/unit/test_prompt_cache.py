@@ -27,24 +27,12 @@ from router.placement.prompt_cache import (
     size_prompt_caches,
 )
 from router.placement.synthetic import SyntheticModel
-from tests.unit.placement_flag_models import GiB, MiB, header_only
+from tests.unit.placement_flag_models import GEMMA3_CELL, GEMMA3_SWA, GiB, MiB, header_only
 
 # 4 layers, 4 KV heads of 32 (n_embd 256 / 8 heads): one cell of one layer is 4*32*2 (K) + 4*32*2 (V) bytes.
 LLAMA = SyntheticModel()
 LLAMA_CELL = 512
-# The gemma3 shape of test_placement_flags_kv: 20 of 24 layers slide over a window of 1024.
-GEMMA = SyntheticModel(
-    arch="gemma3",
-    n_layer=24,
-    n_embd=4096,
-    n_head=32,
-    n_head_kv=32,
-    n_ff=1024,
-    n_vocab=1024,
-    n_ctx_train=32768,
-    extra=((".attention.sliding_window", 1024),),
-)
-GEMMA_CELL = 16384
+GEMMA, GEMMA_CELL = GEMMA3_SWA, GEMMA3_CELL  # 20 of 24 layers slide over a window of 1024
 QWEN_NEXT = SyntheticModel(
     arch="qwen3next",
     n_layer=8,
