@@ -9,7 +9,6 @@ starts cold next time. Nothing here raises: every outcome is a :class:`KvOutcome
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ import httpx
 import trio
 
 from router.shell.kv_store import KvStore
-from router.shell.prompts import PromptProbe, prompt_tokens
+from router.shell.prompts import PromptProbe, call_json, prompt_tokens
 from statemachine import KillCause
 
 __all__ = [
@@ -80,26 +79,6 @@ def describe_kv(result: KvOutcome) -> str:
     return f"{what} in {result.seconds:.2f} s{detail}"
 
 
-async def _call(http: httpx.AsyncBaseTransport, method: str, url: str, doc: Any | None) -> Any:
-    request = httpx.Request(
-        method,
-        url,
-        content=b"" if doc is None else json.dumps(doc).encode(),
-        headers={"content-type": "application/json"} if doc is not None else {},
-    )
-    response = await http.handle_async_request(request)
-    try:
-        data = await response.aread()
-    finally:
-        await response.aclose()
-    if response.status_code != 200:
-        text = data.decode(errors="replace")[:300]
-        raise httpx.HTTPStatusError(
-            f"{method} {url}: {response.status_code} {text}", request=request, response=response
-        )
-    return json.loads(data)
-
-
 def _used_slots(slots: Any) -> list[int]:
     """Ids of the idle slots that have served something (a slot never used has no task)."""
     used = []
@@ -122,10 +101,10 @@ async def save_slots(
     saved = 0
     with trio.move_on_after(timeout) as scope:
         try:
-            slots = _used_slots(await _call(http, "GET", f"{base}/slots", None))
+            slots = _used_slots(await call_json(http, "GET", f"{base}/slots", None))
             for slot in slots:
                 name = store.new_name(replica, slot)
-                reply = await _call(
+                reply = await call_json(
                     http, "POST", f"{base}/slots/{slot}?action=save", {"filename": f"{name}.bin"}
                 )
                 n_saved = reply.get("n_saved") if isinstance(reply, dict) else None
@@ -170,7 +149,7 @@ async def restore_into(
             if found is None:
                 return KvOutcome("restore", "no_match", 0, 0, trio.current_time() - started)
             state, shared = found
-            reply = await _call(
+            reply = await call_json(
                 http,
                 "POST",
                 f"http://127.0.0.1:{port}/slots/0?action=restore",
@@ -200,7 +179,7 @@ async def restore_others(
     results: list[KvOutcome] = []
     with trio.move_on_after(timeout) as scope:
         try:
-            slots = await _call(http, "GET", f"{base}/slots", None)
+            slots = await call_json(http, "GET", f"{base}/slots", None)
             used = set(_used_slots(slots))
             free = [
                 slot["id"]
@@ -215,7 +194,7 @@ async def restore_others(
             for slot, state in zip(free, states, strict=False):
                 begun = trio.current_time()
                 try:
-                    reply = await _call(
+                    reply = await call_json(
                         http, "POST", f"{base}/slots/{slot}?action=restore", {"filename": state.bin.name}
                     )
                 except httpx.HTTPStatusError:

@@ -14,7 +14,7 @@ from typing import Any
 import attrs
 import httpx
 
-__all__ = ["PromptProbe", "message_text", "messages_of", "prompt_probe", "prompt_tokens"]
+__all__ = ["PromptProbe", "call_json", "message_text", "messages_of", "prompt_probe", "prompt_tokens"]
 
 
 def message_text(content: Any) -> str:
@@ -67,27 +67,33 @@ def prompt_probe(body: Mapping[str, Any]) -> PromptProbe | None:
     return PromptProbe(text=prompt) if isinstance(prompt, str) else None
 
 
-async def _post(
-    http: httpx.AsyncClient | httpx.AsyncBaseTransport, url: str, doc: Any, timeout: float
+async def call_json(
+    http: httpx.AsyncClient | httpx.AsyncBaseTransport,
+    method: str,
+    url: str,
+    doc: Any | None = None,
+    timeout: float | None = None,
 ) -> Any:
+    """One JSON exchange with a replica (through a client, or the bare transport the supervisor holds): the
+    reply's document; a status other than 200 raises ``httpx.HTTPStatusError`` quoting the reply."""
+    headers = {"content-type": "application/json"} if doc is not None else {}
+    content = b"" if doc is None else json.dumps(doc).encode()
+    extensions = {} if timeout is None else {"timeout": httpx.Timeout(timeout).as_dict()}
+    request = httpx.Request(method, url, content=content, headers=headers, extensions=extensions)
     if isinstance(http, httpx.AsyncClient):
-        reply = await http.post(url, json=doc, timeout=timeout)
-        reply.raise_for_status()
-        return reply.json()
-    request = httpx.Request(
-        "POST",
-        url,
-        content=json.dumps(doc).encode(),
-        headers={"content-type": "application/json"},
-        extensions={"timeout": httpx.Timeout(timeout).as_dict()},
-    )
-    response = await http.handle_async_request(request)
-    try:
-        data = await response.aread()
-    finally:
-        await response.aclose()
+        response = await http.send(request)
+        data = response.content
+    else:
+        response = await http.handle_async_request(request)
+        try:
+            data = await response.aread()
+        finally:
+            await response.aclose()
     if response.status_code != 200:
-        raise httpx.HTTPStatusError(f"{url}: {response.status_code}", request=request, response=response)
+        text = data.decode(errors="replace")[:300]
+        raise httpx.HTTPStatusError(
+            f"{method} {url}: {response.status_code} {text}", request=request, response=response
+        )
     return json.loads(data)
 
 
@@ -104,14 +110,14 @@ async def prompt_tokens(
     try:
         if probe.messages is not None:
             plain = [{"role": role, "content": text} for role, text in probe.messages]
-            rendered = await _post(http, f"{base}/apply-template", {"messages": plain}, timeout)
+            rendered = await call_json(http, "POST", f"{base}/apply-template", {"messages": plain}, timeout)
             prompt = rendered.get("prompt", "")
         else:
             prompt = probe.text or ""
         doc: dict[str, Any] = {"content": prompt}
         if add_special:
             doc.update(add_special=True, parse_special=True)
-        reply = await _post(http, f"{base}/tokenize", doc, timeout)
+        reply = await call_json(http, "POST", f"{base}/tokenize", doc, timeout)
         tokens = reply.get("tokens")
     except (httpx.HTTPError, ValueError, AttributeError):
         return None
