@@ -179,6 +179,9 @@ async def restore_others(
     results: list[KvOutcome] = []
     with trio.move_on_after(timeout) as scope:
         try:
+            states = [s for s in await trio.to_thread.run_sync(store.states, shelf) if s.name != skip]
+            if not states:
+                return results
             slots = await call_json(http, "GET", f"{base}/slots", None)
             used = set(_used_slots(slots))
             free = [
@@ -190,7 +193,6 @@ async def restore_others(
                 and slot["id"] not in used
                 and not slot.get("is_processing")
             ]
-            states = [s for s in await trio.to_thread.run_sync(store.states, shelf) if s.name != skip]
             for slot, state in zip(free, states, strict=False):
                 begun = trio.current_time()
                 try:

@@ -258,7 +258,7 @@ class ReplicaTask:
     async def _restore_others(self, http: httpx.AsyncHTTPTransport, restored: str | None) -> None:
         """Once the replica serves: its other slots get the next most recently used states."""
         kv = self.spec.kv
-        if kv is None or self.stop_reason is not None or self.exit_seen or not kv.store.states(kv.shelf):
+        if kv is None or self.stop_reason is not None or self.exit_seen:
             return
         for result in await restore_others(http, self.spec.port, kv.store, kv.shelf, restored, kv.timeout):
             self._emit(ProcessKv(self.spec.replica_id, result))
