@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 import trio.testing
 
@@ -157,17 +158,23 @@ async def test_a_client_gone_in_flight_frees_the_slot_and_a_second_finish_change
         assert [k.replica for k in sup.kills] == []
 
 
+@pytest.mark.parametrize("refused_first", [False, True], ids=["exit seen first", "refusal sent first"])
 async def test_a_request_whose_replica_exited_before_taking_it_is_admitted_again(
-    tmp_path: Path, launcher: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, launcher: Path, autojump_clock: trio.testing.MockClock, refused_first: bool
 ) -> None:
-    """The proxy's connection is refused after the scheduler has ended the request for the exit: nothing
-    reached the replica, so ``retry`` admits it again and it is served by the next replica."""
+    """The proxy's connection is refused and the scheduler ends the request for the replica's exit, in either
+    order: nothing reached the replica, so ``retry`` admits it again and the next replica serves it."""
     async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
         router, sup = owned.router, owned.supervisor
         ticket = await dispatched(owned)
         sup.exit(1, returncode=-9)
-        await settle()
-        assert ticket.rejection is not None and ticket.rejection.code == "replica_exited"
+        if refused_first:
+            router.redispatch(ticket, "connection refused")
+            await ticket.decided.wait()
+            assert ticket.reject is not None and ticket.reject.code == "replica_exited"
+        else:
+            await settle()
+            assert ticket.rejection is not None and ticket.rejection.code == "replica_exited"
         router.retry(ticket)
         assert ticket.rejection is None and ticket.dispatch is None and not ticket.decided.is_set()
         await settle()
@@ -175,26 +182,6 @@ async def test_a_request_whose_replica_exited_before_taking_it_is_admitted_again
         sup.ready(2)
         await ticket.decided.wait()
         assert ticket.dispatch is not None and ticket.dispatch.replica == 2 and ticket.reject is None
-        router.finish(ticket, completed=True)
-        await settle()
-        assert not router.tickets and not router.state.requests
-
-
-async def test_a_refusal_answered_by_the_exit_can_be_retried_too(
-    tmp_path: Path, launcher: Path, autojump_clock: trio.testing.MockClock
-) -> None:
-    async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
-        router, sup = owned.router, owned.supervisor
-        ticket = await dispatched(owned)
-        sup.exit(1, returncode=-9)
-        router.redispatch(ticket, "connection refused")
-        await ticket.decided.wait()
-        assert ticket.reject is not None and ticket.reject.code == "replica_exited"
-        router.retry(ticket)
-        await settle()
-        sup.ready(2)
-        await ticket.decided.wait()
-        assert ticket.dispatch is not None and ticket.dispatch.replica == 2
         router.finish(ticket, completed=True)
         await settle()
         assert not router.tickets and not router.state.requests
