@@ -15,7 +15,7 @@ from router.config.load import Config, resolve_name
 from router.http.access import OPEN_PATHS, key_accepted, presented_key
 from router.http.browser_guard import register_guard
 from router.http.errors import error_response, internal_error, unknown_model
-from router.http.prefix_key import prefix_chain
+from router.http.prefix_key import request_chain
 from router.http.proxy import SAFE_SEGMENT, Proxy
 from router.http.request_body import (
     BodyError,
@@ -163,7 +163,9 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
             client=request.remote_addr or "",
             tokens=await needed_tokens(target, body),
             body=body,
-            prefix=prefix_chain(body, path) if router.config.router.prefix_affinity else (),
+            prefix=request_chain(
+                router.deployment.settings, router.config.router.prefix_affinity, target, body, path
+            ),
         )
         g.ticket = ticket
         return await proxy.respond(

@@ -29,7 +29,7 @@ from quart_trio import QuartTrio
 from router.config.load import resolve_name
 from router.http.browser_guard import drop_cors
 from router.http.errors import error_response, unknown_model
-from router.http.prefix_key import prefix_chain
+from router.http.prefix_key import request_chain
 from router.http.proxy import HOP_BY_HOP, SAFE_SEGMENT, Proxy, read_replica_error
 from router.http.request_body import BodyError, parse_json, read_body
 from router.http.request_headers import as_sent
@@ -112,8 +112,9 @@ def register_chat(app: QuartTrio, router: Router, client: httpx.AsyncClient) -> 
             except BodyError:  # not JSON, or not within the router's limits: the replica judges it
                 doc = None
             stream = isinstance(doc, dict) and doc.get("stream") is True
-            if isinstance(doc, dict) and router.config.router.prefix_affinity:
-                prefix = prefix_chain(doc, "/" + rest)
+            if isinstance(doc, dict):
+                enabled = router.config.router.prefix_affinity
+                prefix = request_chain(router.deployment.settings, enabled, model, doc, "/" + rest)
         ticket = router.admit(
             model,
             asked=name,

@@ -18,6 +18,7 @@ scheduler prefers the replica that served the longest part of that content. It c
 match, coarse enough that a long prompt stays a short chain. ``MAX_BLOCKS`` = 256 caps the chain at 256 KiB
 of leading content (beyond most contexts); past it requests count as sharing everything, and hashing stays
 well under a millisecond. Shapes this module does not know give an empty chain: the least busy replica.
+A request that only single-replica models may serve is not hashed at all (``request_chain``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from __future__ import annotations
 import hashlib
 import json
 from typing import Any
+
+from statemachine import Settings, serving_models
 
 BLOCK = 1024
 MAX_BLOCKS = 256
@@ -91,3 +94,17 @@ def prefix_chain(body: dict[str, Any], path: str) -> tuple[int, ...]:
     """The prefix chain of a parsed request ``body`` sent to ``path`` (empty when its shape is unknown)."""
     data = leading_content(body, path)
     return () if data is None else chain_of(data)
+
+
+def request_chain(
+    settings: Settings, enabled: bool, target: str, body: dict[str, Any], path: str
+) -> tuple[int, ...]:
+    """The chain the scheduler is given for a request for ``target``: empty when prefix affinity is off, or
+    when no model that may serve ``target`` has more than one replica (there is no choice for it to steer,
+    so the hashing is skipped)."""
+    if not enabled:
+        return ()
+    models = settings.models
+    if not any(name in models and models[name].replicas > 1 for name in serving_models(settings, target)):
+        return ()
+    return prefix_chain(body, path)

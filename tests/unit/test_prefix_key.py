@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.http.prefix_key import BLOCK, MAX_BLOCKS, chain_of, leading_content, prefix_chain
+from router.http.prefix_key import BLOCK, MAX_BLOCKS, chain_of, leading_content, prefix_chain, request_chain
+from statemachine import ModelSpec, PoolSpec, Settings
 
 SYSTEM = "You are a careful assistant. " * 80  # about 2.3 KiB
 TOOLS = [{"type": "function", "function": {"name": "read", "parameters": {"type": "object"}}}]
@@ -90,3 +91,19 @@ def test_the_chain_is_capped_and_chained() -> None:
     same_blocks = chain_of(data[BLOCK : 3 * BLOCK])  # the same bytes at another position hash differently
     assert same_blocks[0] != chain[1]
     assert all(0 <= h < 2**64 for h in chain)
+
+
+def test_the_scheduler_gets_a_chain_only_where_a_replica_is_to_be_chosen() -> None:
+    settings = Settings(
+        models=[ModelSpec("one"), ModelSpec("two", replicas=2), ModelSpec("other")],
+        pools=[PoolSpec("ordered", ("one", "two")), PoolSpec("spread", ("one", "two"), fallback=True)],
+    )
+    body = chat(turns("a", 2))
+    path = "/v1/chat/completions"
+    whole = prefix_chain(body, path)
+    assert whole
+    assert request_chain(settings, True, "two", body, path) == whole
+    assert request_chain(settings, True, "spread", body, path) == whole  # a member with two replicas
+    assert request_chain(settings, True, "one", body, path) == ()  # one replica: nothing to choose
+    assert request_chain(settings, True, "ordered", body, path) == ()  # only its first member serves
+    assert request_chain(settings, False, "two", body, path) == ()  # prefix_affinity = false
