@@ -84,6 +84,8 @@ async def test_props_lists_capacity_pool_order_and_the_requests_in_flight_and_wa
 
 async def test_status_json_is_the_status_document(tmp_path: Path) -> None:
     async with running_router(tmp_path, MODELS, pools=POOLS, router=ROUTER) as rt:
+        # Both preloaded models must have settled, or a load may finish between the two reads.
+        await rt.wait_ready("big")
         await rt.wait_ready("small")
         await rt.wait_idle()
         plain = await rt.status()
