@@ -40,6 +40,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.overhead_goals import evaluate, goals_document
+from benchmarks.overhead_load import concurrent_phase, crowd_phase, report_load
 from benchmarks.results import (
     base_parser,
     machine_facts,
@@ -68,6 +70,7 @@ CHAT_PATH = "/v1/chat/completions"
 SHAPES = {
     "alpha": TinyShape(n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=128, seed=1),
     "beta": TinyShape(n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=128, seed=2),
+    "gamma": TinyShape(n_embd=64, n_layer=2, n_head=4, n_head_kv=2, n_ff=128, seed=3),
 }
 TARGETS = ("direct", "router", "llamacpp")
 LABELS = {
@@ -198,7 +201,7 @@ async def swap_phase(
 
 
 async def benchmark(
-    urls: dict[str, str], skipped: dict[str, str], args: argparse.Namespace
+    urls: dict[str, str], skipped: dict[str, str], args: argparse.Namespace, pids: dict[str, int]
 ) -> dict[str, Any]:
     rng = random.Random(args.seed)
     clients = {key: async_client(url, timeout=120.0) for key, url in urls.items()}
@@ -211,6 +214,17 @@ async def benchmark(
         swaps: dict[str, dict[str, Any]] = {}
         if args.swap_model and args.swaps > 0 and swap_clients:
             swaps = await swap_phase(swap_clients, args.model, args.swap_model, args, rng)
+        levels = [int(v) for v in args.concurrent.split(",") if v.strip()]
+        live = {key: urls[key] for key in active}
+        concurrent = await concurrent_phase(
+            live, pids, args.model, levels, args.concurrent_tokens, args.concurrent_rounds, rng
+        )
+        crowd = None
+        crowd_models = [m for m in (args.model, args.swap_model, args.third_model) if m]
+        if args.crowd > 0 and "router" in active:
+            crowd = await crowd_phase(
+                urls["router"], pids.get("router"), crowd_models, args.crowd, args.small_tokens, rng
+            )
     finally:
         for client in clients.values():
             await client.aclose()
@@ -221,6 +235,8 @@ async def benchmark(
         "small": small,
         "streams": streams,
         "swaps": swaps,
+        "concurrent": concurrent,
+        "crowd": crowd,
         "ratios": ratios(small, streams, swaps),
     }
 
@@ -265,7 +281,8 @@ def ratios(
     return out
 
 
-def report(result: dict[str, Any]) -> None:
+def report(result: dict[str, Any], level: int) -> None:
+    """Print the tables; ``level`` is the count of concurrent streams the aggregate goal is judged at."""
     small = result["small"]
     base = small.get("direct")
     rows = []
@@ -377,6 +394,7 @@ def report(result: dict[str, Any]) -> None:
         for key, stats in swaps.items():
             for failure in stats["failures"][:3]:
                 print(f"{LABELS[key]} swap failure: {failure}")
+    report_load(result, LABELS, level)
     for phase in ("small", "streams"):
         for key, stats in result[phase].items():
             for error in stats.get("errors", [])[:3]:
@@ -413,6 +431,21 @@ def make_parser() -> argparse.ArgumentParser:
         help="with --url: one llama-server serving model A, measured side by side with the router",
     )
     parser.add_argument("--llamacpp-url", help="with --url: llama.cpp router mode serving A and B")
+    parser.add_argument("--third-model", default="gamma", help="a model on another GPU, for the crowd")
+    parser.add_argument(
+        "--concurrent", default="16,64", help="comma-separated counts of streams sent at once per target"
+    )
+    parser.add_argument("--concurrent-rounds", type=int, default=2, help="bursts per level and target")
+    parser.add_argument(
+        "--concurrent-tokens", type=int, default=32, help="tokens each concurrent stream makes"
+    )
+    parser.add_argument(
+        "--crowd", type=int, default=1000, help="clients sent to the router at once (0: none)"
+    )
+    parser.add_argument(
+        "--router-pid", type=int, help="with --url: the router's pid (CPU, memory, descriptors)"
+    )
+    parser.add_argument("--llamacpp-pid", type=int, help="with --url: router mode's pid (its CPU per chunk)")
     return parser
 
 
@@ -429,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
             if not url:
                 skipped[key] = "address not given"
         present = {key: url for key, url in urls.items() if url}
-        result = trio.run(benchmark, present, skipped, args)
+        pids = {k: p for k, p in (("router", args.router_pid), ("llamacpp", args.llamacpp_pid)) if p}
+        result = trio.run(benchmark, present, skipped, args, pids)
     else:
         if (args.model, args.swap_model) != ("alpha", "beta"):
             parser.error("--model and --swap-model name models of a router given with --url")
@@ -444,15 +478,25 @@ def main(argv: list[str] | None = None) -> int:
                 llama_server_process(work, paths["alpha"], ctx=args.ctx, slots=args.parallel, binary=binary)
             )
             models = {
-                name: {"model": str(path), "gpus": [0], "parallel": args.parallel, "ctx": args.ctx}
+                name: {
+                    "model": str(path),
+                    "gpus": [1 if name == "gamma" else 0],
+                    "parallel": args.parallel,
+                    "ctx": args.ctx,
+                }
                 for name, path in paths.items()
             }
             router = stack.enter_context(
                 router_process(
-                    work, models, router={"max_models_per_gpu": 1}, devices={0: DEVICE_MIB}, binary=binary
+                    work,
+                    models,
+                    router={"max_models_per_gpu": 1, "queue_limit": max(1000, args.crowd)},
+                    devices={0: DEVICE_MIB, 1: DEVICE_MIB},
+                    binary=binary,
                 )
             )
             urls = {"direct": direct.url, "router": router.url}
+            pids = {"router": router.process.pid}
             try:
                 lcpp = stack.enter_context(
                     llamacpp_router_process(
@@ -460,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
                 urls["llamacpp"] = lcpp.url
+                pids["llamacpp"] = lcpp.process.pid
             except BenchmarkError as exc:
                 skipped["llamacpp"] = f"router mode did not start: {exc}"
             document["setup"] = {
@@ -467,12 +512,14 @@ def main(argv: list[str] | None = None) -> int:
                 "parallel": args.parallel,
                 "threads": 1,
                 "shapes": {name: shape_facts(shape) for name, shape in SHAPES.items()},
-                "router": {"max_models_per_gpu": 1, "devices": {"0": DEVICE_MIB}},
+                "router": {"max_models_per_gpu": 1, "devices": {"0": DEVICE_MIB, "1": DEVICE_MIB}},
                 "llamacpp": {"models_max": 1, "models_dir": "A and B as NAME.gguf"},
             }
-            result = trio.run(benchmark, urls, skipped, args)
+            result = trio.run(benchmark, urls, skipped, args, pids)
     document["result"] = result
-    report(result)
+    level = max(int(v) for v in args.concurrent.split(","))
+    document["goals"] = goals_document(evaluate(result, level))
+    report(result, level)
     path = write_result(args.name or "overhead", document)
     print(f"wrote {path}")
     return 0
