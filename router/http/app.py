@@ -1,12 +1,10 @@
-"""HTTP routes (quart-trio on hypercorn): the forwarded API, model list, status, upstream pass-through."""
+"""HTTP routes on quart-trio: model list, status, admin actions, upstream pass-through. The forwarded API
+itself is served by ``router.http.forward`` in front of this app."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any
 
-import httpx
 from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
@@ -15,8 +13,9 @@ from router.config.load import Config, resolve_name
 from router.http.access import OPEN_PATHS, key_accepted, presented_key
 from router.http.browser_guard import register_guard
 from router.http.errors import error_response, internal_error, unknown_model
-from router.http.prefix_key import request_chain
-from router.http.proxy import SAFE_SEGMENT, Proxy
+from router.http.forward import FORWARDED
+from router.http.proxy import SAFE_SEGMENT, Proxy, upstream_headers
+from router.http.reply import to_quart
 from router.http.request_body import (
     BodyError,
     FieldTypes,
@@ -25,53 +24,23 @@ from router.http.request_body import (
     parse_object,
     read_body,
 )
-from router.http.request_headers import bad_header, headers_too_large
-from router.http.tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
+from router.http.request_headers import as_sent, bad_header, headers_too_large
+from router.http.upstream import UpstreamPool
 from router.observe.props import props_document
 from router.observe.status import models_document, named_entry, replica_log, status_document
 from router.shell.reload import reload_config
 from router.shell.runtime import Router
-from statemachine import ReplicaPhase, queries, serving_models
-
-FORWARDED = (
-    "/v1/chat/completions",
-    "/chat/completions",
-    "/v1/completions",
-    "/completions",
-    "/completion",
-    "/v1/embeddings",
-    "/embeddings",
-    "/v1/rerank",
-    "/rerank",
-    "/v1/reranking",
-    "/reranking",
-    "/infill",
-    "/v1/messages",
-    "/v1/messages/count_tokens",
-    "/v1/responses",
-    "/responses",
-    "/tokenize",
-    "/detokenize",
-    "/apply-template",
-    "/v1/chat/completions/input_tokens",
-)
-
-TOKEN_COUNTING = (
-    "/v1/messages/count_tokens",
-    "/tokenize",
-    "/detokenize",
-    "/v1/chat/completions/input_tokens",
-)
+from statemachine import ReplicaPhase, queries
 
 UNLOAD_FIELDS: FieldTypes = {"model": ((str,), "a string"), "force": ((bool,), "a boolean")}
 
 
-def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> QuartTrio:
+def create_app(config: Config, router: Router, pool: UpstreamPool) -> QuartTrio:
     app = QuartTrio("llama_router")
     app.config["MAX_CONTENT_LENGTH"] = config.router.max_body_mib * 1024 * 1024
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 120
-    proxy = Proxy(router, client)
+    proxy = Proxy(router, pool)
     register_guard(app, config.router.host, lambda: router.config.router)  # first: before the key check
 
     @app.before_request
@@ -115,77 +84,13 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
             return error_response(413, "request_too_large", message, {"Connection": "close"})
         return error_response(status, exc.name.lower().replace(" ", "_"), exc.description or exc.name)
 
-    def resolve(name: Any, path: str) -> tuple[str | None, Response | None]:
-        if isinstance(name, str) and name:
-            target = resolve_name(router.config, name)
-            if target is not None:
-                if path in TOKEN_COUNTING and target in router.config.pools:
-                    members = ", ".join(router.config.pools[target].members)
-                    message = f"'{name}' is a pool; token counting needs one of its models: {members}"
-                    return None, error_response(400, "pool_not_allowed", message)
-                return target, None
-        default = router.config.router.default_pool
-        if default is not None and path not in TOKEN_COUNTING:
-            return default, None
-        known = ", ".join(sorted((*router.config.models, *router.config.pools)))
-        if not name:
-            message = f'the request names no model; add "model" with one of: {known}'
-            return None, error_response(400, "model_required", message)
-        return None, unknown_model(name, (*router.config.models, *router.config.pools))
-
-    async def needed_tokens(target: str, body: dict[str, Any]) -> int | None:
-        output = requested_output(body)
-        if target not in router.config.pools:
-            return output or None
-        upper = prompt_upper_bound(body) + output
-        members = serving_models(router.deployment.settings, target)
-        if upper <= min(router.launches[m].ctx_per_slot for m in members):
-            return upper
-        port = router.ready_port(members)
-        exact = None if port is None else await exact_prompt_tokens(client, port, body)
-        return upper if exact is None else exact + output
-
-    async def forward(path: str) -> Response:
-        raw = await read_body()
-        try:
-            body = parse_object(raw)
-            check_fields(body)
-        except BodyError as exc:
-            return error_response(400, exc.code, str(exc))
-        target, problem = resolve(body.get("model"), path)
-        if problem is not None:
-            return problem
-        assert target is not None
-        ticket = router.admit(
-            target,
-            asked=body.get("model") if isinstance(body.get("model"), str) else None,
-            endpoint=path,
-            client=request.remote_addr or "",
-            tokens=await needed_tokens(target, body),
-            body=body,
-            prefix=request_chain(
-                router.deployment.settings, router.config.router.prefix_affinity, target, body, path
-            ),
-        )
-        g.ticket = ticket
-        return await proxy.respond(
-            ticket,
-            method="POST",
-            path=path,
-            query=request.query_string,
-            body=raw,
-            headers=request.headers,
-            stream=body.get("stream") is True,
-        )
-
-    def forwarder(path: str) -> Callable[[], Awaitable[Response]]:
-        async def view() -> Response:
-            return await forward(path)
-
-        return view
+    def served_by_the_data_path() -> Response:
+        # POSTs to these paths never reach quart (router.http.forward serves them); the rules exist so that
+        # other methods are answered 405 with "Allow: POST".
+        raise RuntimeError("a forwarded API request reached the quart app")
 
     for route in FORWARDED:
-        app.add_url_rule(route, endpoint=route, view_func=forwarder(route), methods=["POST"])
+        app.add_url_rule(route, endpoint=route, view_func=served_by_the_data_path, methods=["POST"])
 
     @app.route("/health")
     async def health() -> Response:
@@ -241,15 +146,16 @@ def create_app(config: Config, router: Router, client: httpx.AsyncClient) -> Qua
             target, asked=model, endpoint="/upstream", client=request.remote_addr or "", tokens=None
         )
         g.ticket = ticket
-        return await proxy.respond(
+        reply = await proxy.respond(
             ticket,
             method=request.method,
             path=rest,
             query=request.query_string,
             body=raw,
-            headers=request.headers,
+            headers=upstream_headers(as_sent(request.headers.items())),
             stream=False,
         )
+        return to_quart(reply)
 
     @app.route("/reload", methods=["POST"])
     async def reload() -> Response:

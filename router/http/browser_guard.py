@@ -244,10 +244,25 @@ def drop_cors(headers: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+def with_vary(current: str | None, name: str) -> str:
+    """A ``Vary`` value that names ``name`` too."""
+    present = [v.strip().lower() for v in (current or "").split(",") if v.strip()]
+    if name.lower() in present or "*" in present:
+        return current or name
+    return f"{current}, {name}" if present else name
+
+
+def cors_reply_headers(headers: dict[str, str], origin: str | None, cors_origins: Sequence[str]) -> None:
+    """Add to a served request's response headers (names in lower case) what the module's rules ask for."""
+    if origin is not None:
+        headers["access-control-allow-origin"] = origin
+        headers["access-control-expose-headers"] = EXPOSE_HEADERS
+    if cors_origins:
+        headers["vary"] = with_vary(headers.get("vary"), "Origin")
+
+
 def _add_vary(response: Response, name: str) -> None:
-    present = [v.strip().lower() for v in response.headers.get("Vary", "").split(",") if v.strip()]
-    if name.lower() not in present and "*" not in present:
-        response.headers["Vary"] = ", ".join([response.headers["Vary"], name]) if present else name
+    response.headers["Vary"] = with_vary(response.headers.get("Vary"), name)
 
 
 # ------------------------------------------------------------------------------------------------- hooks

@@ -19,9 +19,8 @@ router requires an API key, a browser cannot send one for the page itself.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 
-import httpx
 import trio
 from quart import Response, g, redirect, request
 from quart_trio import QuartTrio
@@ -30,31 +29,37 @@ from router.config.load import resolve_name
 from router.http.browser_guard import drop_cors
 from router.http.errors import error_response, unknown_model
 from router.http.prefix_key import request_chain
-from router.http.proxy import HOP_BY_HOP, SAFE_SEGMENT, Proxy, read_replica_error
+from router.http.proxy import (
+    HOP_BY_HOP,
+    SAFE_SEGMENT,
+    Proxy,
+    merged_headers,
+    read_replica_error,
+    upstream_headers,
+)
+from router.http.reply import to_quart
 from router.http.request_body import BodyError, parse_json, read_body
 from router.http.request_headers import as_sent
+from router.http.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from router.shell.runtime import Router
 
-_HOP = HOP_BY_HOP | {"cookie"}
+_HOP = frozenset(name.encode() for name in HOP_BY_HOP | {"cookie"})
+_REPLY_HOP = frozenset(HOP_BY_HOP | {"cookie"})
 
 
-def _pass_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() not in _HOP}
-
-
-async def _relay(upstream: httpx.Response) -> AsyncIterator[bytes]:
+async def _relay(upstream: UpstreamResponse) -> AsyncIterator[bytes]:
     try:
-        async for chunk in upstream.aiter_raw():
+        async for chunk in upstream.chunks():
             yield chunk
-    except httpx.HTTPError:
+    except UpstreamError:
         return
     finally:
         with trio.CancelScope(shield=True):
             await upstream.aclose()
 
 
-def register_chat(app: QuartTrio, router: Router, client: httpx.AsyncClient) -> None:
-    proxy = Proxy(router, client)
+def register_chat(app: QuartTrio, router: Router, pool: UpstreamPool) -> None:
+    proxy = Proxy(router, pool)
 
     def model_of(name: str) -> str | None:
         target = resolve_name(router.config, name)  # the current configuration, reloads included
@@ -64,25 +69,18 @@ def register_chat(app: QuartTrio, router: Router, client: httpx.AsyncClient) -> 
         return unknown_model(name, router.config.models)
 
     async def pass_get(port: int, rest: str, model: str) -> Response:
-        url = f"http://127.0.0.1:{port}/{rest}"
-        if request.query_string:
-            url += "?" + request.query_string.decode("latin-1")
-        headers = as_sent(_pass_headers(request.headers).items())
+        target = "/" + rest + ("?" + request.query_string.decode("latin-1") if request.query_string else "")
+        headers = upstream_headers(as_sent(request.headers.items()), _HOP)
         try:
-            try:
-                upstream = await client.send(client.build_request("GET", url, headers=headers), stream=True)
-            except httpx.RemoteProtocolError:
-                # The replica closed a kept-alive connection as it was reused (it closes after refusing a
-                # request): a GET is safe to send again, once, on a new connection.
-                upstream = await client.send(client.build_request("GET", url, headers=headers), stream=True)
-        except httpx.HTTPError as exc:
-            return error_response(502, "upstream_unreachable", f"the replica did not answer: {exc!r}")
+            # A kept-alive connection the replica closed as it was reused is replaced by the pool itself.
+            upstream = await pool.send(port, "GET", target, headers)
+        except UpstreamError as exc:
+            return error_response(502, "upstream_unreachable", f"the replica did not answer: {exc}")
         if upstream.status_code >= 400:
             error = await read_replica_error(model, upstream)
             return Response(error.body, status=error.status, content_type="application/json")
-        return Response(
-            _relay(upstream), status=upstream.status_code, headers=drop_cors(_pass_headers(upstream.headers))
-        )
+        headers_out = drop_cors(merged_headers(upstream, _REPLY_HOP))
+        return Response(_relay(upstream), status=upstream.status_code, headers=headers_out)
 
     @app.route("/chat/<name>")
     async def chat_root(name: str) -> Response:
@@ -126,15 +124,16 @@ def register_chat(app: QuartTrio, router: Router, client: httpx.AsyncClient) -> 
         )
         g.ticket = ticket
         if request.method == "POST":
-            return await proxy.respond(
+            reply = await proxy.respond(
                 ticket,
                 method="POST",
                 path=rest,
                 query=request.query_string,
                 body=raw,
-                headers=request.headers,
+                headers=upstream_headers(as_sent(request.headers.items())),
                 stream=stream,
             )
+            return to_quart(reply)
         decided = False
         try:
             await ticket.decided.wait()

@@ -31,12 +31,13 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 
 from router.config.load import Config
-from router.http.app import FORWARDED
 from router.http.chat_page import register_chat
 from router.http.errors import error_response
+from router.http.forward import FORWARDED
 from router.http.pages import register_pages
+from router.http.unadmitted import unadmitted_record
+from router.http.upstream import UpstreamPool
 from router.journal.history import History, HistoryQuery, status_range
-from router.journal.records import RequestRecord
 from router.observe.gpu_sampler import GpuSampler
 from router.observe.metrics import CONTENT_TYPE, RouterMetrics
 from router.shell.runtime import Router
@@ -104,7 +105,7 @@ def _unadmitted_endpoint(path: str, method: str) -> str | None:
 
 
 def register_dash(
-    app: QuartTrio, config: Config, router: Router, observers: Observers, client: httpx.AsyncClient
+    app: QuartTrio, config: Config, router: Router, observers: Observers, pool: UpstreamPool
 ) -> None:
     history, sampler, metrics = observers.history, observers.sampler, observers.metrics
 
@@ -120,26 +121,17 @@ def register_dash(
         endpoint = _unadmitted_endpoint(request.path, request.method)
         if endpoint is None:
             return response
-        message: str | None = None
-        try:
-            body = json.loads(await response.get_data())
-            message = str(body["error"]["message"])[:500]
-        except (ValueError, KeyError, TypeError):
-            message = None
         asked = (request.view_args or {}).get("model") or (request.view_args or {}).get("name")
-        arrived_mono = g.get("arrived_mono", time.monotonic())
-        router.publish(
-            RequestRecord(
-                at=g.get("arrived", time.time()),
-                client=request.remote_addr or "",
-                endpoint=endpoint,
-                model_asked=asked,
-                model_served=None,
-                status=response.status_code,
-                duration=max(0.0, time.monotonic() - arrived_mono),
-                error=message,
-            )
+        record = unadmitted_record(
+            at=g.get("arrived", time.time()),
+            arrived_mono=g.get("arrived_mono", time.monotonic()),
+            client=request.remote_addr or "",
+            endpoint=endpoint,
+            asked=asked,
+            status=response.status_code,
+            body=await response.get_data(),
         )
+        router.publish(record)
         return response
 
     @app.route("/metrics")
@@ -198,5 +190,5 @@ def register_dash(
             return error_response(404, "not_found", f"no dashboard file '{name}'")
         return _static(name)
 
-    register_chat(app, router, client)
+    register_chat(app, router, pool)
     register_pages(app)

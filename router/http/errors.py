@@ -49,15 +49,22 @@ def sse_error(status: int, code: str, message: str) -> bytes:
     return b"data: " + json.dumps(error_body(status, code, message)).encode() + b"\n\n"
 
 
+def unknown_model_message(name: object, known: Iterable[str]) -> str:
+    names = ", ".join(sorted(known))
+    return f"model '{name}' is not served here; known: {names}"
+
+
 def unknown_model(name: object, known: Iterable[str]) -> Response:
     """404 for a name that matches no model (or pool), listing the names that do."""
-    names = ", ".join(sorted(known))
-    return error_response(404, "model_not_found", f"model '{name}' is not served here; known: {names}")
+    return error_response(404, "model_not_found", unknown_model_message(name, known))
+
+
+def internal_error_message(exc: BaseException, method: str, path: str) -> str:
+    """The message of a 500 for an exception no handler expected (logged with its traceback under an id)."""
+    ident = secrets.token_hex(4)
+    log.error("internal error %s on %s %s", ident, method, ascii(path), exc_info=exc)
+    return f"internal error in the router (id {ident}); its log has the details"
 
 
 def internal_error(exc: BaseException, method: str, path: str) -> Response:
-    """500 for an exception no handler expected; logged with its traceback under a short id."""
-    ident = secrets.token_hex(4)
-    log.error("internal error %s on %s %s", ident, method, ascii(path), exc_info=exc)
-    message = f"internal error in the router (id {ident}); its log has the details"
-    return error_response(500, "internal_error", message)
+    return error_response(500, "internal_error", internal_error_message(exc, method, path))

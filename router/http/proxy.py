@@ -6,6 +6,10 @@ rejected, the stream ends with an error event. Bodies pass byte for byte; the up
 type are kept, except that error replies are read whole and answered in the OpenAI shape (see
 ``router.http.replica_errors``). When the client disconnects, the upstream exchange is closed at once
 (llama-server stops generating) and the scheduler is told, which frees the slot.
+
+The answer is a :class:`router.http.reply.Reply`; the caller sends it (plain ASGI for the API, quart for the
+pages). Its body, when it comes in chunks, is an async generator whose cleanup closes the upstream exchange
+and finishes the ticket: the sender must close it (``send_reply`` and quart both do).
 """
 
 from __future__ import annotations
@@ -13,17 +17,15 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
-import httpx
 import trio
-from quart import Response
-from werkzeug.datastructures import Headers
 
 from router.http.browser_guard import drop_cors
-from router.http.errors import error_response, sse_error
+from router.http.errors import sse_error
 from router.http.replica_errors import BODY_LIMIT, ReplicaError, shape_replica_error
-from router.http.request_headers import as_sent
+from router.http.reply import Reply, error_reply
+from router.http.upstream import ConnectFailed, UpstreamError, UpstreamPool, UpstreamResponse
 from router.shell.runtime import Router
 from router.shell.ticket import Ticket
 
@@ -51,46 +53,53 @@ HOP_BY_HOP = frozenset(
 )
 # The API relay also asks for plain bodies, so the usage sniffer can read them.
 _DROP = HOP_BY_HOP | {"accept-encoding"}
+_DROP_BYTES = frozenset(name.encode() for name in _DROP)
+_REPLY_DROP = _DROP | {"content-encoding"}
 # A path segment below a model: no "..", no encoded slashes or anything else that could escape it.
 SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9._~:@!$&'()*+,;=-]+$")
 
 
-def upstream_headers(headers: Headers) -> list[tuple[bytes, bytes]]:
-    return as_sent((k, v) for k, v in headers.items() if k.lower() not in _DROP)
+def upstream_headers(
+    headers: Iterable[tuple[bytes, bytes]], drop: frozenset[bytes] = _DROP_BYTES
+) -> list[tuple[bytes, bytes]]:
+    """The client's headers (raw, names in lower case as ASGI gives them) that go on to the replica."""
+    return [(k, v) for k, v in headers if k.lower() not in drop]
 
 
-def reply_headers(headers: httpx.Headers, model: str | None) -> dict[str, str]:
+def merged_headers(upstream: UpstreamResponse, drop: frozenset[str]) -> dict[str, str]:
+    """The replica's headers without ``drop``; repeated ones joined with commas."""
+    out: dict[str, str] = {}
+    for raw_name, raw_value in upstream.raw_headers:
+        name = raw_name.decode("latin-1")
+        if name in drop:
+            continue
+        value = raw_value.decode("latin-1")
+        out[name] = f"{out[name]}, {value}" if name in out else value
+    return out
+
+
+def reply_headers(upstream: UpstreamResponse, model: str | None) -> dict[str, str]:
     """The replica's response headers for the client; its CORS policy is replaced by the router's own."""
-    out = drop_cors(
-        {k: v for k, v in headers.items() if k.lower() not in _DROP and k.lower() != "content-encoding"}
-    )
+    out = drop_cors(merged_headers(upstream, _REPLY_DROP))
     if model is not None:
         out["x-router-model"] = model
     return out
 
 
-async def read_replica_error(model: str | None, upstream: httpx.Response) -> ReplicaError:
+async def read_replica_error(model: str | None, upstream: UpstreamResponse) -> ReplicaError:
     """Read a replica's error reply (at most BODY_LIMIT bytes), close it, and shape the answer."""
-    body = bytearray()
-    complete = True
     try:
-        async for chunk in upstream.aiter_bytes():
-            body += chunk
-            if len(body) > BODY_LIMIT:
-                complete = False
-                break
-    except httpx.HTTPError:
-        complete = False
+        body, complete = await upstream.read(BODY_LIMIT)
     finally:
         with trio.CancelScope(shield=True):
             await upstream.aclose()
-    return shape_replica_error(model, upstream.status_code, bytes(body[:BODY_LIMIT]), complete)
+    return shape_replica_error(model, upstream.status_code, body, complete)
 
 
-def _reject_response(ticket: Ticket) -> Response:
+def _reject_reply(ticket: Ticket) -> Reply:
     assert ticket.reject is not None
     headers = {"Retry-After": "5"} if ticket.reject.code in ("queue_full", "shutting_down") else None
-    return error_response(ticket.reject.status, ticket.reject.code, ticket.reject.message, headers)
+    return error_reply(ticket.reject.status, ticket.reject.code, ticket.reject.message, headers)
 
 
 def _may_wait_again(ticket: Ticket) -> bool:
@@ -112,10 +121,15 @@ def name_member(body: bytes, model: str) -> bytes:
     return json.dumps(doc).encode()
 
 
+def _target(path: str, query: bytes) -> str:
+    target = "/" + path.lstrip("/")
+    return target + "?" + query.decode("latin-1") if query else target
+
+
 class Proxy:
-    def __init__(self, router: Router, client: httpx.AsyncClient) -> None:
+    def __init__(self, router: Router, pool: UpstreamPool) -> None:
         self.router = router
-        self.client = client
+        self.pool = pool
 
     async def respond(
         self,
@@ -125,21 +139,23 @@ class Proxy:
         path: str,
         query: bytes,
         body: bytes,
-        headers: Headers,
+        headers: list[tuple[bytes, bytes]],
         stream: bool,
-    ) -> Response:
+    ) -> Reply:
+        """The answer to an admitted request; ``headers``: the client's, as ``upstream_headers`` left them."""
         ticket.observed.stream = stream
         try:
-            with trio.move_on_after(KEEPALIVE_AFTER if stream else float("inf")):
-                await ticket.decided.wait()
+            if not ticket.decided.is_set():
+                with trio.move_on_after(KEEPALIVE_AFTER if stream else float("inf")):
+                    await ticket.decided.wait()
             if not ticket.decided.is_set():
                 gen = self._wait_then_relay(ticket, method, path, query, body, headers)
-                return Response(gen, status=200, content_type="text/event-stream")
+                return Reply(200, {"content-type": "text/event-stream"}, gen)
             if ticket.reject is not None:
                 self.router.finish(ticket, completed=False)
-                return _reject_response(ticket)
+                return _reject_reply(ticket)
             upstream = await self._open(ticket, method, path, query, body, headers)
-            if isinstance(upstream, Response):
+            if isinstance(upstream, Reply):
                 return upstream
             if upstream.status_code >= 400:
                 error = await self._read_error(ticket, upstream)
@@ -148,73 +164,68 @@ class Proxy:
         except BaseException:
             self.router.finish(ticket, completed=False)
             raise
-        return Response(
-            self._relay(ticket, upstream),
-            status=upstream.status_code,
-            headers=reply_headers(upstream.headers, ticket.model),
+        sse = (upstream.header(b"content-type") or "").startswith("text/event-stream")
+        length = upstream.header(b"content-length")
+        return Reply(
+            upstream.status_code,
+            reply_headers(upstream, ticket.model),
+            self._relay(ticket, upstream, sse),
+            length=int(length) if length is not None and length.isdigit() and not sse else None,
         )
 
     async def _open(
-        self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Headers
-    ) -> httpx.Response | Response:
+        self,
+        ticket: Ticket,
+        method: str,
+        path: str,
+        query: bytes,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+    ) -> UpstreamResponse | Reply:
         pooled = ticket.target in self.router.state.settings.pools
         if pooled and ticket.model is not None and ticket.model != ticket.target:
             body = name_member(body, ticket.model)
-        url = f"http://127.0.0.1:{ticket.port}/{path.lstrip('/')}"
-        if query:
-            url += "?" + query.decode("latin-1")
-        sent = upstream_headers(headers)
+        target = _target(path, query)
         try:
             for attempt in range(REDISPATCHES + 1):
+                assert ticket.port is not None
                 try:
-                    upstream = await self.client.send(
-                        self.client.build_request(method, url, content=body, headers=sent), stream=True
-                    )
+                    upstream = await self.pool.send(ticket.port, method, target, headers, body)
                     break
-                except httpx.RemoteProtocolError:
-                    # The replica closed an idle keep-alive connection as we reused it; nothing was processed.
-                    upstream = await self.client.send(
-                        self.client.build_request(method, url, content=body, headers=sent), stream=True
-                    )
-                    break
-                except httpx.ConnectError as exc:
+                except ConnectFailed as exc:
                     # Nothing listens there any more (the replica died a moment ago): wait for another one.
                     if attempt == REDISPATCHES or not _may_wait_again(ticket):
                         raise
                     if ticket.rejection is not None:
                         self.router.retry(ticket)  # the scheduler saw the exit first
                     else:
-                        self.router.redispatch(ticket, f"connection refused: {exc!r}")
+                        self.router.redispatch(ticket, f"connection refused: {exc}")
                     await ticket.decided.wait()
                     if ticket.reject is not None and _may_wait_again(ticket):
                         self.router.retry(ticket)  # the exit reached the scheduler before the refusal
                         await ticket.decided.wait()
                     if ticket.reject is not None:
                         self.router.finish(ticket, completed=False)
-                        return _reject_response(ticket)
-                    url = f"http://127.0.0.1:{ticket.port}/{path.lstrip('/')}" + (
-                        "?" + query.decode("latin-1") if query else ""
-                    )
-        except httpx.HTTPError as exc:
-            message = f"the replica of '{ticket.model}' did not answer: {self._describe(exc)}"
+                        return _reject_reply(ticket)
+        except UpstreamError as exc:
+            message = f"the replica of '{ticket.model}' did not answer: {exc}"
             ticket.observed.fail(502, message)
             self.router.finish(ticket, completed=True)
-            return error_response(502, "upstream_unreachable", message)
+            return error_reply(502, "upstream_unreachable", message)
         ticket.observed.status = upstream.status_code
         return upstream
 
-    async def _relay(self, ticket: Ticket, upstream: httpx.Response) -> AsyncIterator[bytes]:
+    async def _relay(self, ticket: Ticket, upstream: UpstreamResponse, sse: bool) -> AsyncIterator[bytes]:
         # No cancel scope spans a yield here: the exchange ends by itself when the replica goes away.
         completed = False
-        sse = upstream.headers.get("content-type", "").startswith("text/event-stream")
         sniffer = ticket.observed.sniff(sse=sse)
         try:
             try:
-                async for chunk in upstream.aiter_raw():
+                async for chunk in upstream.chunks():
                     sniffer.feed(chunk)
                     yield chunk
                 completed = True
-            except httpx.HTTPError as exc:
+            except UpstreamError as exc:
                 completed = True
                 ticket.observed.fail(502, self._failure_text(ticket, exc))
                 if sse:
@@ -224,21 +235,21 @@ class Proxy:
                 await upstream.aclose()
             self.router.finish(ticket, completed=completed)
 
-    async def _read_error(self, ticket: Ticket, upstream: httpx.Response) -> ReplicaError:
+    async def _read_error(self, ticket: Ticket, upstream: UpstreamResponse) -> ReplicaError:
         """Read a replica's error reply and note what the client will get."""
         error = await read_replica_error(ticket.model, upstream)
         ticket.observed.fail(error.status, error.message)
         return error
 
     @staticmethod
-    def _error_reply(ticket: Ticket, upstream: httpx.Response, error: ReplicaError) -> Response:
+    def _error_reply(ticket: Ticket, upstream: UpstreamResponse, error: ReplicaError) -> Reply:
         if error.wrapped:
             headers = {"content-type": "application/json"}
             if ticket.model is not None:
                 headers["x-router-model"] = ticket.model
         else:
-            headers = reply_headers(upstream.headers, ticket.model)
-        return Response(error.body, status=error.status, headers=headers)
+            headers = reply_headers(upstream, ticket.model)
+        return Reply(error.status, headers, error.body)
 
     def _failure_text(self, ticket: Ticket, exc: BaseException) -> str:
         if ticket.rejection is not None:
@@ -246,15 +257,16 @@ class Proxy:
         info = self.router.supervisor.info(ticket.dispatch.replica) if ticket.dispatch else None
         if info is not None and info.stop_reason is not None:
             return f"the replica of '{ticket.model}' was stopped while answering: {info.stop_reason}"
-        return f"the replica of '{ticket.model}' broke off the reply: {self._describe(exc)}"
-
-    def _describe(self, exc: BaseException) -> str:
-        if isinstance(exc, httpx.ReadTimeout):
-            return f"it sent nothing for {self.client.timeout.read:g} s (reply_timeout)"
-        return repr(exc)
+        return f"the replica of '{ticket.model}' broke off the reply: {exc}"
 
     async def _wait_then_relay(
-        self, ticket: Ticket, method: str, path: str, query: bytes, body: bytes, headers: Headers
+        self,
+        ticket: Ticket,
+        method: str,
+        path: str,
+        query: bytes,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
     ) -> AsyncIterator[bytes]:
         try:
             while not ticket.decided.is_set():
@@ -267,20 +279,26 @@ class Proxy:
                 return
             upstream = await self._open(ticket, method, path, query, body, headers)
             error = None
-            if isinstance(upstream, httpx.Response) and upstream.status_code >= 400:
+            if isinstance(upstream, UpstreamResponse) and upstream.status_code >= 400:
                 error = await self._read_error(ticket, upstream)
                 self.router.finish(ticket, completed=True)
         except BaseException:
             self.router.finish(ticket, completed=False)
             raise
-        if isinstance(upstream, Response):
+        if isinstance(upstream, Reply):
             yield sse_error(502, "upstream_unreachable", f"the replica of '{ticket.model}' did not answer")
             return
         if error is not None:
             yield b"data: " + error.body + b"\n\n"
             return
-        async for chunk in self._relay(ticket, upstream):
-            yield chunk
+        sse = (upstream.header(b"content-type") or "").startswith("text/event-stream")
+        relay = self._relay(ticket, upstream, sse)
+        try:
+            async for chunk in relay:
+                yield chunk
+        finally:
+            with trio.CancelScope(shield=True):
+                await relay.aclose()
 
     def _keepalive(self, ticket: Ticket) -> bytes:
         position, loading = self.router.queue_position(ticket.rid)

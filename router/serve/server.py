@@ -24,7 +24,10 @@ from router.deploy.deployment import prepare
 from router.hosts.gpu_monitor import GpuMonitor
 from router.http.app import create_app
 from router.http.dash import register_dash, start_observers
+from router.http.forward import DataPath, Forwarder
+from router.http.proxy import Proxy
 from router.http.request_headers import HEADERS_LIMIT
+from router.http.upstream import UpstreamPool
 from router.journal.history_lock import history_lock
 from router.serve import hypercorn_fixes
 from router.serve.listen import ListenError, open_sockets
@@ -99,8 +102,13 @@ async def _serve_router(
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client, trio.open_nursery() as nursery:
         observers = await start_observers(nursery, config, router, client)
         await nursery.start(router.run)
-        app = create_app(config, router, client)
-        register_dash(app, config, router, observers, client)
+        pool = UpstreamPool(
+            connect_timeout=10.0, read_timeout=config.router.reply_timeout, write_timeout=60.0
+        )
+        nursery.start_soon(pool.run_sweeper)
+        app = create_app(config, router, pool)
+        register_dash(app, config, router, observers, pool)
+        data_path = DataPath(app, Forwarder(config, router, Proxy(router, pool), client))
         http_done = trio.Event()
         hc = hypercorn_config(config)
 
@@ -148,8 +156,12 @@ async def _serve_router(
         if on_ready is not None:
             on_ready(url)
         await worker_serve(
-            wrap_app(app, hc.wsgi_max_body_size, None), hc, sockets=sockets, shutdown_trigger=http_done.wait
+            wrap_app(data_path, hc.wsgi_max_body_size, None),
+            hc,
+            sockets=sockets,
+            shutdown_trigger=http_done.wait,
         )
+        pool.close()
         nursery.cancel_scope.cancel()
 
 

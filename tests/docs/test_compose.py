@@ -9,13 +9,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 from dockerfile_parse import DockerfileParser
 
 from router.config.load import config_from_dict
 from router.http.app import create_app
+from router.http.upstream import UpstreamPool
 from router.serve.server import build_router
 from tests.support.simconfig import config_document
 
@@ -100,8 +100,8 @@ async def test_the_healthcheck_asks_a_path_the_app_serves(tmp_path: Path) -> Non
     config = config_from_dict(doc, tmp_path / "router.json")
     router = build_router(config)
     try:
-        async with httpx.AsyncClient() as client:
-            rules = {rule.rule for rule in create_app(config, router, client).url_map.iter_rules()}
+        pool = UpstreamPool(connect_timeout=1.0, read_timeout=1.0, write_timeout=1.0)
+        rules = {rule.rule for rule in create_app(config, router, pool).url_map.iter_rules()}
     finally:
         router.gpus.close()
     assert found.group(2) in rules

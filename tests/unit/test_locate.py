@@ -139,6 +139,7 @@ def test_install_script_and_locate_agree_on_the_location(
         monkeypatch.setenv("XDG_CACHE_HOME", str(env["xdg"]))
     binary = locate.cached_llama_server()
     make_executable(binary).write_text("#!/bin/sh\necho 'version: 11434 (test)'\n")
+    make_executable(binary.with_name("ggml-rpc-server")).write_text("#!/bin/sh\n")
     (locate.vocab_dir()).mkdir(parents=True)
     (locate.vocab_dir() / "ggml-vocab-llama-spm.gguf").write_bytes(b"GGUF")
     monkeypatch.setenv("PATH", os.defpath)

@@ -1,0 +1,301 @@
+"""The API's forwarding path on plain ASGI: every ``POST`` to a forwarded endpoint, from the request's head to
+the last relayed byte, without the web framework in between.
+
+Everything else (pages, status, admin actions, ``/upstream`` and ``/chat``) goes to the quart app. The
+checks and answers are the same as there, in the same order: browser safety (``browser_guard``), header
+limits, the API key, the body (size, time, JSON, field types), the model's name; then the request is
+admitted and relayed by ``router.http.proxy``. A refusal before admission closes the connection when the
+request's body was left unread, and is recorded in the history. While a request is served, the client's
+side of the connection is watched: when the client goes away, serving is cancelled at once (the upstream
+exchange closes, the slot is freed).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import trio
+
+from router.config.load import Config, resolve_name
+from router.http.access import key_accepted, presented_key
+from router.http.browser_guard import cors_reply_headers, judge
+from router.http.errors import unknown_model_message
+from router.http.prefix_key import request_chain
+from router.http.proxy import Proxy, upstream_headers
+from router.http.reply import Reply, error_reply, internal_error_reply, send_reply
+from router.http.request_body import BodyError, check_fields, parse_object
+from router.http.request_headers import bad_header, headers_too_large
+from router.http.tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
+from router.http.unadmitted import unadmitted_record
+from router.shell.runtime import Router
+from statemachine import serving_models
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+BODY_TIMEOUT = 120.0
+
+FORWARDED = (
+    "/v1/chat/completions",
+    "/chat/completions",
+    "/v1/completions",
+    "/completions",
+    "/completion",
+    "/v1/embeddings",
+    "/embeddings",
+    "/v1/rerank",
+    "/rerank",
+    "/v1/reranking",
+    "/reranking",
+    "/infill",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/responses",
+    "/tokenize",
+    "/detokenize",
+    "/apply-template",
+    "/v1/chat/completions/input_tokens",
+)
+_FORWARDED = frozenset(FORWARDED)
+
+TOKEN_COUNTING = (
+    "/v1/messages/count_tokens",
+    "/tokenize",
+    "/detokenize",
+    "/v1/chat/completions/input_tokens",
+)
+
+
+class _ClientLeft(Exception):
+    """The client closed the connection while its request's body was arriving."""
+
+
+class Forwarder:
+    """Serves one forwarded API request per call (an ASGI application for those paths only)."""
+
+    def __init__(self, config: Config, router: Router, proxy: Proxy, client: httpx.AsyncClient) -> None:
+        self.router = router
+        self.proxy = proxy
+        self.client = client  # for exact token counts of pooled requests
+        self.bind_host = config.router.host  # fixed until a restart, like the listening socket
+        self.body_limit = config.router.max_body_mib * 1024 * 1024  # fixed at startup
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        arrived, arrived_mono = time.time(), time.monotonic()
+        path: str = scope["path"]
+        raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
+        pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw_headers]
+        client = scope["client"][0] if scope.get("client") else ""
+        settings = self.router.config.router
+        verdict = judge("POST", path, dict(pairs), self.bind_host, settings)
+        cors_origins = settings.cors_origins
+
+        async def answer(reply: Reply, admitted: bool = False) -> None:
+            headers = dict(reply.headers)
+            cors_reply_headers(headers, verdict.cors_origin, cors_origins)
+            await send_reply(send, Reply(reply.status, headers, reply.body, reply.length), [])
+            if not admitted and reply.status >= 400 and isinstance(reply.body, bytes):
+                record = unadmitted_record(
+                    at=arrived,
+                    arrived_mono=arrived_mono,
+                    client=client,
+                    endpoint=path,
+                    asked=None,
+                    status=reply.status,
+                    body=reply.body,
+                )
+                self.router.publish(record)
+
+        refusal = self._refusal(verdict, pairs)
+        if refusal is not None:
+            if _has_body(pairs):  # its body is still on the connection: do not reuse it
+                refusal = Reply(refusal.status, {**refusal.headers, "connection": "close"}, refusal.body)
+            await answer(refusal)
+            return
+        try:
+            raw = await self._read_body(receive, pairs)
+        except _ClientLeft:
+            return
+        if isinstance(raw, Reply):
+            await answer(raw)
+            return
+        started = False
+
+        async def tracked_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+            try:
+                query = scope.get("query_string", b"")
+                reply, admitted = await self._serve(path, raw, raw_headers, client, query)
+                if admitted:
+                    headers = dict(reply.headers)
+                    cors_reply_headers(headers, verdict.cors_origin, cors_origins)
+                    await send_reply(tracked_send, Reply(reply.status, headers, reply.body, reply.length), [])
+                else:
+                    await answer(reply)
+            except Exception as exc:
+                if started:
+                    raise
+                await answer(internal_error_reply(exc, "POST", path))
+            finally:
+                nursery.cancel_scope.cancel()
+
+    def _refusal(self, verdict: Any, pairs: list[tuple[str, str]]) -> Reply | None:
+        """The answer to a request refused on its head alone (browser safety, headers, key), else None."""
+        if verdict.refusal is not None:
+            refusal = verdict.refusal
+            return error_reply(refusal.status, refusal.code, refusal.message, refusal.headers)
+        too_large = headers_too_large(pairs)
+        if too_large is not None:
+            return error_reply(431, "headers_too_large", too_large, {"connection": "close"})
+        problem = bad_header(pairs)
+        if problem is not None:
+            return error_reply(400, "invalid_header", problem)
+        keys = self.router.deployment.api_keys
+        if keys and not key_accepted(keys, presented_key(_first_values(pairs))):
+            message = "a valid API key is required: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
+            return error_reply(401, "invalid_api_key", message, {"www-authenticate": "Bearer"})
+        return None
+
+    async def _read_body(self, receive: Receive, pairs: list[tuple[str, str]]) -> bytes | Reply:
+        limit = self.body_limit
+        declared = _first_values(pairs).get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return self._too_large()
+        parts: list[bytes] = []
+        size = 0
+        with trio.move_on_after(BODY_TIMEOUT):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _ClientLeft()
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    return self._too_large()
+                parts.append(chunk)
+                if not message.get("more_body", False):
+                    return parts[0] if len(parts) == 1 else b"".join(parts)
+        message = f"the request body did not arrive within {BODY_TIMEOUT:g} s"
+        return error_reply(408, "request_timeout", message, {"connection": "close"})
+
+    def _too_large(self) -> Reply:
+        mib = self.body_limit // (1024 * 1024)
+        message = f"request body is larger than max_body_mib = {mib} MiB; send less or raise the limit"
+        # The unread rest of the body is still on the connection: close it rather than reuse it.
+        return error_reply(413, "request_too_large", message, {"connection": "close"})
+
+    async def _serve(
+        self, path: str, raw: bytes, raw_headers: list[tuple[bytes, bytes]], client: str, query: bytes
+    ) -> tuple[Reply, bool]:
+        """The answer, and whether the request was admitted (else the answer is a refusal)."""
+        try:
+            body = parse_object(raw)
+            check_fields(body)
+        except BodyError as exc:
+            return error_reply(400, exc.code, str(exc)), False
+        target, problem = self._resolve(body.get("model"), path)
+        if problem is not None:
+            return problem, False
+        assert target is not None
+        router = self.router
+        asked = body.get("model")
+        ticket = router.admit(
+            target,
+            asked=asked if isinstance(asked, str) else None,
+            endpoint=path,
+            client=client,
+            tokens=await self._needed_tokens(target, body),
+            body=body,
+            prefix=request_chain(
+                router.deployment.settings, router.config.router.prefix_affinity, target, body, path
+            ),
+        )
+        reply = await self.proxy.respond(
+            ticket,
+            method="POST",
+            path=path,
+            query=query,
+            body=raw,
+            headers=upstream_headers(raw_headers),
+            stream=body.get("stream") is True,
+        )
+        return reply, True
+
+    def _resolve(self, name: Any, path: str) -> tuple[str | None, Reply | None]:
+        config = self.router.config
+        if isinstance(name, str) and name:
+            target = resolve_name(config, name)
+            if target is not None:
+                if path in TOKEN_COUNTING and target in config.pools:
+                    members = ", ".join(config.pools[target].members)
+                    message = f"'{name}' is a pool; token counting needs one of its models: {members}"
+                    return None, error_reply(400, "pool_not_allowed", message)
+                return target, None
+        default = config.router.default_pool
+        if default is not None and path not in TOKEN_COUNTING:
+            return default, None
+        if not name:
+            known = ", ".join(sorted((*config.models, *config.pools)))
+            message = f'the request names no model; add "model" with one of: {known}'
+            return None, error_reply(400, "model_required", message)
+        return None, error_reply(
+            404, "model_not_found", unknown_model_message(name, (*config.models, *config.pools))
+        )
+
+    async def _needed_tokens(self, target: str, body: dict[str, Any]) -> int | None:
+        router = self.router
+        output = requested_output(body)
+        if target not in router.config.pools:
+            return output or None
+        upper = prompt_upper_bound(body) + output
+        members = serving_models(router.deployment.settings, target)
+        if upper <= min(router.launches[m].ctx_per_slot for m in members):
+            return upper
+        port = router.ready_port(members)
+        exact = None if port is None else await exact_prompt_tokens(self.client, port, body)
+        return upper if exact is None else exact + output
+
+
+async def _watch_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            scope.cancel()
+            return
+
+
+def _first_values(pairs: list[tuple[str, str]]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, value in pairs:
+        out.setdefault(name, value)
+    return out
+
+
+def _has_body(pairs: list[tuple[str, str]]) -> bool:
+    heads = _first_values(pairs)
+    return heads.get("content-length", "0") not in ("", "0") or "transfer-encoding" in heads
+
+
+class DataPath:
+    """The router's ASGI application: forwarded API requests to the Forwarder, the rest to ``app``."""
+
+    def __init__(self, app: ASGIApp, forwarder: Forwarder) -> None:
+        self.app = app
+        self.forwarder = forwarder
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in _FORWARDED:
+            await self.forwarder(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
