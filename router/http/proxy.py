@@ -188,8 +188,9 @@ class Proxy:
         target = _target(path, query)
         try:
             for attempt in range(REDISPATCHES + 1):
-                assert ticket.port is not None
                 try:
+                    if ticket.port is None:  # its replica exited as it was chosen: nothing to connect to
+                        raise ConnectFailed("the replica has no port any more")
                     upstream = await self.pool.send(ticket.port, method, target, headers, body)
                     break
                 except ConnectFailed as exc:
