@@ -8,6 +8,7 @@ from .commands import (
     Command,
     Dispatch,
     Eviction,
+    Forward,
     Kill,
     KillCause,
     Reject,
@@ -21,6 +22,8 @@ from .events import (
     DispatchFailed,
     Event,
     LoadFailed,
+    PeerFailed,
+    PeerState,
     ReplicaExited,
     ReplicaReady,
     ReplicaUnresponsive,
@@ -43,7 +46,7 @@ from .queries import (
     serving_models,
 )
 from .scheduler import run, step
-from .settings import DeviceSpec, ModelSpec, Policy, PoolSpec, Settings
+from .settings import DeviceSpec, ModelSpec, PeerSpec, Policy, PoolSpec, Settings
 from .state import Replica, ReplicaPhase, Request, RequestPhase, State, initial_state
 
 __all__ = [
@@ -54,6 +57,7 @@ __all__ = [
     "DispatchFailed",
     "Event",
     "Eviction",
+    "Forward",
     "IllegalEvent",
     "InvariantViolation",
     "Kill",
@@ -61,6 +65,9 @@ __all__ = [
     "LoadFailed",
     "ModelSpec",
     "ModelState",
+    "PeerFailed",
+    "PeerSpec",
+    "PeerState",
     "Policy",
     "PoolSpec",
     "Reject",

@@ -70,6 +70,16 @@ class Dispatch:
 
 
 @attrs.frozen
+class Forward:
+    """Send request ``rid`` to ``peer``, which serves ``model`` (a peer model, or a pool member that is one).
+    The exchange ends with RequestFinished, ClientGone or PeerFailed, like a dispatch."""
+
+    rid: int
+    peer: str
+    model: str
+
+
+@attrs.frozen
 class Reject:
     """End request ``rid`` with an error; for an in-flight request the shell aborts its exchange."""
 
@@ -91,4 +101,4 @@ class Stopped:
     """Shutdown is complete: no replica is left."""
 
 
-Command = Spawn | Kill | Dispatch | Reject | WakeAt | Stopped
+Command = Spawn | Kill | Dispatch | Forward | Reject | WakeAt | Stopped

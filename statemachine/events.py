@@ -33,6 +33,7 @@ class RequestArrived:
     target: str
     tokens: int | None = None
     prefix: tuple[int, ...] = ()
+    local_only: bool = False  # it came through another router: no peer may serve it (no second hop)
 
 
 @attrs.frozen
@@ -98,6 +99,27 @@ class DispatchFailed:
 
 
 @attrs.frozen
+class PeerFailed:
+    """The peer ``rid`` was forwarded to failed it before any byte reached the client: it could not be
+    reached (``down``: the peer is taken out of service until ``PeerState`` says it is up), or it answered
+    ``status`` (5xx) with ``reason``. A pooled request tries its next member; any other is answered."""
+
+    rid: int
+    reason: str
+    down: bool = False
+    status: int | None = None
+
+
+@attrs.frozen
+class PeerState:
+    """The shell's probe of ``peer`` (its /v1/models): up, or down with ``reason``."""
+
+    peer: str
+    up: bool
+    reason: str = ""
+
+
+@attrs.frozen
 class SettingsChanged:
     """A new configuration: ``settings`` replace the old ones; replicas of the models in ``restart`` (and of
     models no longer configured) drain and stop, the others keep serving."""
@@ -125,6 +147,8 @@ Event = (
     | ReplicaExited
     | UnloadRequested
     | DispatchFailed
+    | PeerFailed
+    | PeerState
     | SettingsChanged
     | ShutdownRequested
 )

@@ -54,6 +54,9 @@ def check(state: State) -> None:
             queued += 1
             if request.replica is not None:
                 _fail("INV-REQUEST-HOME", f"queued request {request.rid} names replica {request.replica}")
+        elif request.peer is not None:
+            if request.replica is not None or request.rid not in state.peer_inflight.get(request.peer, ()):
+                _fail("INV-PEER-HOME", f"request {request.rid} is forwarded to {request.peer}, not counted")
         else:
             replica = by_id.get(request.replica) if request.replica is not None else None
             if replica is None or request.rid not in replica.inflight:
@@ -82,7 +85,28 @@ def check(state: State) -> None:
         replica = by_id.get(rid)
         if replica is None or not (replica.draining or replica.phase == STOPPING):
             _fail("INV-RETIRED", f"retired replica {rid} is gone or still takes work")
+    _check_peers(state)
     _check_index(state)
+
+
+def _check_peers(state: State) -> None:
+    """Requests forwarded to each peer are exactly its count; a peer holds no more than its limit; only
+    configured peers are down; no request from another router is forwarded again."""
+    for peer, rids in state.peer_inflight.items():
+        if not rids:
+            _fail("INV-PEER-HOME", f"peer {peer} is listed with no request in flight")
+        for rid in rids:
+            request = state.requests.get(rid)
+            if request is None or request.phase != INFLIGHT or request.peer != peer:
+                _fail("INV-PEER-HOME", f"peer {peer} counts request {rid}, which is not forwarded to it")
+            elif request.local_only:
+                _fail("INV-HOP", f"request {rid} came from another router and was forwarded to {peer}")
+        limit = state.settings.peer_limit(peer)
+        if peer in state.settings.peers and len(rids) > limit:
+            _fail("INV-PEER-LIMIT", f"peer {peer} has {len(rids)} requests in flight (max_in_flight {limit})")
+    for peer in state.peers_down:
+        if peer not in state.settings.peers:
+            _fail("INV-PEER-DOWN", f"peer {peer} is marked down but not configured")
 
 
 def _check_memory(rid: int, memory: tuple[tuple[int, ...], ...], bound: int) -> None:

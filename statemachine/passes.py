@@ -20,13 +20,27 @@ from .state import LOADING, STOPPING, Request
 from .work import Work
 
 
-def candidates(w: Work, target: str, tokens: int | None) -> list[str]:
-    """Models that may serve a request for ``target``, in priority order (context and refusal checked)."""
+def candidates(
+    w: Work,
+    target: str,
+    tokens: int | None,
+    avoid: frozenset[str] = frozenset(),
+    local_only: bool = False,
+    *,
+    peers: bool = True,
+) -> list[str]:
+    """Models that may serve a request for ``target``, in priority order (context and refusal checked).
+
+    Peer models are left out while their peer is down, when the request came from another router
+    (``local_only``), and when their peer failed this very request before (``avoid``); ``peers=False``
+    keeps them all (what the request could ask for, whatever the peers' state)."""
     models = w.models
     out = []
     for name in serving_models(w.settings, target):
         spec = models[name]
         if spec.refusal is not None:
+            continue
+        if peers and spec.peer is not None and (local_only or name in avoid or spec.peer in w.peers_down):
             continue
         if tokens is not None and spec.ctx_per_slot is not None and tokens > spec.ctx_per_slot:
             continue
@@ -80,7 +94,7 @@ def _overflow_message(w: Work, request: Request) -> str:
 
 def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wake: list[float]) -> None:
     """Dispatch ``request`` if it can go now; otherwise start what it waits for (a load, a swap)."""
-    names = candidates(w, request.target, request.tokens)
+    names = candidates(w, request.target, request.tokens, request.avoid, request.local_only)
     if names and _all_busy(w, names):
         # Every candidate has all its replicas and none has a free slot: the request just waits.
         if not request.overflow:
@@ -88,6 +102,11 @@ def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wa
         return
     for name in names:
         spec = w.model(name)
+        if spec.peer is not None:
+            if w.peer_free(spec.peer):
+                w.forward(request, spec.peer, name)
+                return
+            continue
         if blocked.intersection(spec.gpus):
             continue
         replica = w.free_replica(name, request.prefix)
@@ -99,9 +118,12 @@ def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wa
     protected.update(names)
     load = _to_load(w, names)
     if load is None:
-        if not any(w.live_replicas(name) for name in names):
-            first = w.model(names[0]) if names else None
-            w.reject(request, 503, "model_unavailable", _unloadable_reason(w, first))
+        # A peer model at its in-flight limit frees up by itself: the request waits for it.
+        if not any(w.live_replicas(name) or w.model(name).remote for name in names):
+            if names:
+                w.reject(request, 503, "model_unavailable", _unloadable_reason(w, w.model(names[0])))
+            else:
+                w.reject(request, *no_peer_answer(w, request))
         return
     to_load, count = load
     due = request.arrived + w.policy.claim_after
@@ -135,6 +157,11 @@ def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wa
 
 def _all_busy(w: Work, names: list[str]) -> bool:
     for name in names:
+        peer = w.model(name).peer
+        if peer is not None:
+            if w.peer_free(peer):
+                return False
+            continue
         free, live = w.status(name)
         if free or live < w.model(name).replicas:
             return False
@@ -146,6 +173,8 @@ def _to_load(w: Work, names: list[str]) -> tuple[ModelSpec, int] | None:
     model whose last load failed while others of it still load or serve gets none until that settles."""
     for name in names:
         spec = w.model(name)
+        if spec.remote:
+            continue  # it runs on its peer, never here
         live = len(w.live_replicas(name))
         if live >= spec.replicas or (live and name in w.failing):
             continue
@@ -206,6 +235,37 @@ def _victim_key(w: Work, model: str) -> tuple[bool, float, str]:
     else:
         age = w.last_use(model)
     return (w.has_queued(model), age, model)
+
+
+def unavailable_reason(w: Work, target: str) -> str:
+    """Why no model can serve ``target`` now: the peers of its peer models are down, or none is left."""
+    down = []
+    for name in serving_models(w.settings, target):
+        spec = w.models.get(name)
+        if spec is not None and spec.peer is not None and spec.peer in w.peers_down:
+            down.append(f"peer '{spec.peer}' serving '{name}' is down ({w.peers_down[spec.peer]})")
+    if down:
+        return "; ".join(down) + "; retry once it is back, or ask for a model served here"
+    return "no model can serve this request"
+
+
+def no_peer_answer(w: Work, request: Request) -> tuple[int, str, str]:
+    """The answer to a request no candidate is left for because of peers: one that came from another router
+    and may not be forwarded again (508), or one whose peers all failed it (502) or are down (503)."""
+    names = serving_models(w.settings, request.target)
+    remote = [n for n in names if n in w.models and w.models[n].peer is not None]
+    if request.local_only and remote:
+        return (
+            508,
+            "loop_detected",
+            f"'{request.target}' is served by another router here, and this request was forwarded by a "
+            "router already; it is not forwarded a second time, so that two routers that peer with each "
+            "other cannot pass it back and forth. Send it to the router that serves the model itself",
+        )
+    if any(n in request.avoid for n in remote):
+        failed = ", ".join(f"'{n}'" for n in remote if n in request.avoid)
+        return 502, "peer_failed", f"the peer serving {failed} failed this request; retry later"
+    return 503, "model_unavailable", unavailable_reason(w, request.target)
 
 
 def _unloadable_reason(w: Work, spec: ModelSpec | None) -> str:
@@ -283,7 +343,11 @@ def _shutdown_progress(w: Work) -> None:
             w.kill(replica, "router shutting down", KillCause.SHUTDOWN)
         elif due:
             w.kill(replica, "router shutdown deadline reached", KillCause.DEADLINE)
-    if not w.replicas and not w.stopped:
+    if due:
+        for peer in sorted(w.peer_inflight.keys()):
+            for rid in sorted(w.peer_inflight[peer]):
+                w.reject(w.requests[rid], 503, "shutting_down", "router shutdown deadline reached")
+    if not w.replicas and not w.peer_inflight and not w.stopped:
         w.stopped = True
         w.cmds.append(Stopped())
     _set_wake(w, [w.deadline] if w.deadline is not None and not due else [])

@@ -1,12 +1,14 @@
-"""The rule for a dispatch that never reached its replica."""
+"""The rules for work that never reached where it was sent: a refused dispatch, a failed peer."""
 
 from __future__ import annotations
 
 import attrs
 
+from .commands import Reject
 from .errors import IllegalEvent
-from .events import DispatchFailed
-from .state import INFLIGHT, QUEUED, STOPPING
+from .events import DispatchFailed, PeerFailed, PeerState
+from .passes import candidates
+from .state import INFLIGHT, QUEUED, STOPPING, Request
 from .work import Work
 
 
@@ -30,14 +32,51 @@ def dispatch_failed(w: Work, e: DispatchFailed) -> None:
         _drain(w, replica.id)
         return
     w.release(request)
-    # It was admitted already: it waits like any other request (never as an overflow to refuse).
-    waiting = attrs.evolve(request, phase=QUEUED, replica=None, model=None, overflow=False)
+    _wait_again(w, attrs.evolve(request, phase=QUEUED, replica=None, model=None, overflow=False))
+    _drain(w, replica.id)
+
+
+def _wait_again(w: Work, waiting: Request) -> None:
+    """It was admitted already: it waits in its arrival place, like any other request (never as an overflow
+    to refuse)."""
     w.requests[waiting.rid] = waiting
     w.queues[waiting.target] = w.fifo(waiting.target).insert(
         waiting.rid, lambda rid: w.requests[rid].seq, w.is_queued
     )
     w.waiting += 1
-    _drain(w, replica.id)
+
+
+def peer_failed(w: Work, e: PeerFailed) -> None:
+    """The peer failed the request before its client got a byte: a pooled request waits again for its other
+    members (this one is never tried again for it); any other is answered with the peer's failure."""
+    request = w.request(e.rid)
+    if request is None or request.phase != INFLIGHT or request.peer is None or request.model is None:
+        raise IllegalEvent(f"PeerFailed for request {e.rid}, which is not forwarded to a peer")
+    peer, model = request.peer, request.model
+    w.release(request)
+    if e.down and peer in w.settings.peers:
+        w.peers_down[peer] = e.reason
+    if w.shutting_down:
+        w.cmds.append(Reject(e.rid, 503, "shutting_down", "the router is shutting down; retry shortly"))
+        return
+    avoid = request.avoid | {model}
+    known = request.target in w.settings.models or request.target in w.settings.pools
+    if known and candidates(w, request.target, request.tokens, avoid, request.local_only):
+        waiting = attrs.evolve(request, phase=QUEUED, peer=None, model=None, overflow=False, avoid=avoid)
+        _wait_again(w, waiting)
+        return
+    status = e.status if e.status is not None and e.status >= 500 else 502
+    code = "peer_unreachable" if e.down else "peer_failed"
+    w.cmds.append(Reject(e.rid, status, code, f"peer '{peer}' serving '{model}' failed: {e.reason}"))
+
+
+def peer_state(w: Work, e: PeerState) -> None:
+    """A peer's probe: a peer reported down is skipped until it is reported up (unknown peers: no change)."""
+    if e.up:
+        if e.peer in w.peers_down:
+            del w.peers_down[e.peer]
+    elif e.peer in w.settings.peers:
+        w.peers_down[e.peer] = e.reason or "not answering"
 
 
 def _drain(w: Work, replica_id: int) -> None:

@@ -20,6 +20,8 @@ from .events import (
     DispatchFailed,
     Event,
     LoadFailed,
+    PeerFailed,
+    PeerState,
     ReplicaExited,
     ReplicaReady,
     ReplicaUnresponsive,
@@ -31,9 +33,9 @@ from .events import (
     Tick,
     UnloadRequested,
 )
-from .passes import candidates, fail_waiters, schedule
+from .passes import candidates, fail_waiters, no_peer_answer, schedule
 from .queries import serving_models
-from .recovery import dispatch_failed
+from .recovery import dispatch_failed, peer_failed, peer_state
 from .state import INFLIGHT, LOADING, QUEUED, READY, STOPPING, Request, State
 from .work import Work
 
@@ -85,7 +87,13 @@ def _arrived(w: Work, e: RequestArrived) -> None:
     if e.rid in w.requests:
         raise IllegalEvent(f"request {e.rid} arrived twice")
     request = Request(
-        rid=e.rid, target=e.target, tokens=e.tokens, arrived=w.now, seq=w.next_seq, prefix=e.prefix
+        rid=e.rid,
+        target=e.target,
+        tokens=e.tokens,
+        arrived=w.now,
+        seq=w.next_seq,
+        prefix=e.prefix,
+        local_only=e.local_only,
     )
     w.next_seq += 1
     if w.shutting_down:
@@ -97,9 +105,12 @@ def _arrived(w: Work, e: RequestArrived) -> None:
         message = f"model '{e.target}' is not served here; known models: {known}"
         w.cmds.append(_reject(e.rid, 404, "model_not_found", message))
         return
-    names = candidates(w, e.target, e.tokens)
+    names = candidates(w, e.target, e.tokens, local_only=e.local_only)
     if not names:
-        w.cmds.append(_unservable(w, e))
+        if candidates(w, e.target, e.tokens, peers=False):
+            w.cmds.append(Reject(e.rid, *no_peer_answer(w, request)))  # its peers are down, or a second hop
+        else:
+            w.cmds.append(_unservable(w, e))
         return
     pool = pools.get(e.target)
     over = w.waiting >= w.policy.queue_limit
@@ -225,6 +236,8 @@ def _settings_changed(w: Work, e: SettingsChanged) -> None:
             w.retired[replica.id] = w.spec_of(replica)
     w.settings, w.policy, w.models = new, new.policy, new.model_table
     w.memo.clear()
+    for peer in [p for p in w.peers_down if p not in new.peers]:
+        del w.peers_down[peer]
     for replica in sorted(w.replicas.values(), key=lambda r: r.id):
         if replica.id not in w.retired or replica.phase == STOPPING:
             continue
@@ -258,6 +271,8 @@ _RULES: dict[type, Callable[[Work, Any], None]] = {
     ReplicaExited: _exited,
     UnloadRequested: _unload,
     DispatchFailed: dispatch_failed,
+    PeerFailed: peer_failed,
+    PeerState: peer_state,
     SettingsChanged: _settings_changed,
     ShutdownRequested: _shutdown,
 }

@@ -37,6 +37,12 @@ class ModelSpec:
     ttl: float | None = None
     load_on_startup: bool = False
     refusal: str | None = None
+    peer: str | None = None
+
+    @property
+    def remote(self) -> bool:
+        """Served by a peer router (``peer``): no replica of it ever runs here."""
+        return self.peer is not None
 
     def need_on(self, gpu: int) -> int:
         return self.need.get(gpu, 0)
@@ -53,6 +59,18 @@ class PoolSpec:
     name: str
     members: tuple[str, ...]
     fallback: bool = False
+
+
+@attrs.frozen
+class PeerSpec:
+    """Another router (or any OpenAI-compatible server) that serves models here over HTTP.
+
+    Its own queueing happens on the peer; here it is a limit: at most ``max_in_flight`` requests are
+    forwarded to it at once, the rest wait in this router's queue like requests for a busy local model.
+    """
+
+    name: str
+    max_in_flight: int = 4
 
 
 @attrs.frozen
@@ -94,6 +112,12 @@ def _pools(value: Mapping[str, PoolSpec] | list[PoolSpec]) -> PMap[str, PoolSpec
     return pmap({p.name: p for p in value})
 
 
+def _peers(value: Mapping[str, PeerSpec] | list[PeerSpec]) -> PMap[str, PeerSpec]:
+    if isinstance(value, Mapping):
+        return pmap(value)
+    return pmap({p.name: p for p in value})
+
+
 def _devices(value: Mapping[int, DeviceSpec] | list[DeviceSpec]) -> PMap[int, DeviceSpec]:
     if isinstance(value, Mapping):
         return pmap(value)
@@ -106,6 +130,7 @@ class Settings:
     pools: PMap[str, PoolSpec] = attrs.field(factory=pmap, converter=_pools)
     devices: PMap[int, DeviceSpec] = attrs.field(factory=pmap, converter=_devices)
     policy: Policy = attrs.field(factory=Policy)
+    peers: PMap[str, PeerSpec] = attrs.field(factory=pmap, converter=_peers)
     # Plain-dict views for the scheduler's hot path, derived once (not part of equality or repr).
     model_table: dict[str, ModelSpec] = attrs.field(init=False, eq=False, repr=False)
     pool_table: dict[str, PoolSpec] = attrs.field(init=False, eq=False, repr=False)
@@ -132,3 +157,8 @@ class Settings:
 
     def pools_of(self, model: str) -> tuple[str, ...]:
         return self.pools_by_model.get(model, ())
+
+    def peer_limit(self, peer: str) -> int:
+        """How many requests may be forwarded to ``peer`` at once (0 for a peer no longer configured)."""
+        spec = self.peers.get(peer)
+        return 0 if spec is None else spec.max_in_flight

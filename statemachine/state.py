@@ -49,6 +49,12 @@ class Request:
     model: str | None = None
     overflow: bool = False
     prefix: tuple[int, ...] = ()
+    # Peers: the peer an in-flight request was forwarded to (then ``replica`` is None); the models whose peer
+    # failed this request before any byte reached its client (never tried again for it); and whether it came
+    # from another router already (then no peer may serve it: a second hop could loop).
+    peer: str | None = None
+    avoid: frozenset[str] = frozenset()
+    local_only: bool = False
 
 
 @attrs.frozen
@@ -105,6 +111,10 @@ class State:
     # Models a load of which failed while other replicas of them were still loading or ready: no further
     # replica of them starts until one becomes ready or none is live (failing loads cannot chase each other).
     failing: PSet[str] = attrs.field(factory=pset)
+    # Peers: the requests forwarded to each peer and still in flight, and the peers reported down (skipped
+    # until reported up again).
+    peer_inflight: PMap[str, PSet[int]] = attrs.field(factory=pmap)
+    peers_down: PMap[str, str] = attrs.field(factory=pmap)
     # A cache for step(): replicas by model and each model's (free slot?, live replicas). Trusted only for the
     # very ``replicas`` tuple and ``settings`` it was built for; never part of equality or repr.
     index: ReplicaIndex | None = attrs.field(default=None, eq=False, repr=False)

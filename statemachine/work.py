@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import attrs
 from pyrsistent import pmap, pset
+from pyrsistent.typing import PSet
 
 from .affinity import Chain, remember, shared
-from .commands import Command, Dispatch, Eviction, Kill, KillCause, Reject, Spawn
+from .commands import Command, Dispatch, Eviction, Forward, Kill, KillCause, Reject, Spawn
 from .fifo import Fifo
 from .settings import ModelSpec
 from .state import (
@@ -61,6 +62,8 @@ class Work:
         self.wake_at = state.wake_at
         self.retired = state.retired.evolver()
         self.failing: set[str] = set(state.failing)
+        self.peer_inflight: dict[str, PSet[int]] = dict(state.peer_inflight)
+        self.peers_down: dict[str, str] = dict(state.peers_down)
         self.overflow: list[int] = []
         self.cmds: list[Command] = []
 
@@ -83,6 +86,8 @@ class Work:
             wake_at=self.wake_at,
             retired=self.retired.persistent(),
             failing=pset(m for m in self.failing if self.live_replicas(m)) if self.failing else pset(),
+            peer_inflight=pmap(self.peer_inflight) if self.peer_inflight else pmap(),
+            peers_down=pmap(self.peers_down) if self.peers_down else pmap(),
             index=ReplicaIndex(replicas, self.settings, self.by_model, self.memo),
         )
 
@@ -150,6 +155,13 @@ class Work:
                 chosen, chosen_load, chosen_match = r, load, match
         return chosen
 
+    def peer_free(self, peer: str) -> bool:
+        """``peer`` is up and fewer than its ``max_in_flight`` requests are forwarded to it now."""
+        if peer in self.peers_down:
+            return False
+        inflight = self.peer_inflight.get(peer)
+        return (0 if inflight is None else len(inflight)) < self.settings.peer_limit(peer)
+
     def status(self, model: str) -> tuple[bool, int]:
         """(has a ready replica with a free slot, number of live replicas), remembered until it changes."""
         known = self.memo.get(model)
@@ -208,16 +220,33 @@ class Work:
         self.last_used[model] = self.now
         self.cmds.append(Dispatch(request.rid, replica.id, model))
 
-    def release(self, request: Request) -> None:
-        """Forget an in-flight request and free its slot."""
+    def forward(self, request: Request, peer: str, model: str) -> None:
+        """Send a queued request to ``peer``, which serves ``model``."""
         self.requests.remove(request.rid)
+        self.queues[request.target] = self.fifo(request.target).drop(request.rid, self.is_queued)
+        self.waiting -= 1
+        self.requests[request.rid] = attrs.evolve(request, phase=INFLIGHT, peer=peer, model=model)
+        self.peer_inflight[peer] = self.peer_inflight.get(peer, pset()).add(request.rid)
+        self.last_used[model] = self.now
+        self.cmds.append(Forward(request.rid, peer, model))
+
+    def release(self, request: Request) -> None:
+        """Forget an in-flight request and free its slot (on its replica, or its place at its peer)."""
+        self.requests.remove(request.rid)
+        if request.model is not None:
+            self.last_used[request.model] = self.now
+        if request.peer is not None:
+            left = self.peer_inflight[request.peer].remove(request.rid)
+            if left:
+                self.peer_inflight[request.peer] = left
+            else:
+                del self.peer_inflight[request.peer]
+            return
         assert request.replica is not None
         replica = self.replicas.get(request.replica)
         if replica is not None:
             self.replicas[replica.id] = attrs.evolve(replica, inflight=replica.inflight.remove(request.rid))
             self.touched(replica.model)
-        if request.model is not None:
-            self.last_used[request.model] = self.now
 
     # ------------------------------------------------------------- replicas
     def put(self, replica: Replica) -> None:
