@@ -84,8 +84,8 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     "pools try their last member first": (
         "passes",
-        "    for name in names:\n        spec = w.model(name)\n        if blocked",
-        "    for name in reversed(names):\n        spec = w.model(name)\n        if blocked",
+        "    for name in names:\n        spec = w.model(name)\n        if spec.peer",
+        "    for name in reversed(names):\n        spec = w.model(name)\n        if spec.peer",
         ("INV-POOL-PRIORITY",),
     ),
     "a reload keeps idle retired replicas": (

@@ -72,7 +72,7 @@ def _startup(w: Work, e: Startup) -> None:
     if w.shutting_down:
         return
     for spec in sorted(w.settings.models.values(), key=lambda m: m.name):
-        if not (spec.pinned or spec.load_on_startup) or spec.refusal is not None:
+        if not (spec.pinned or spec.load_on_startup) or spec.refusal is not None or spec.remote:
             continue
         live = len(w.live_replicas(spec.name))
         if live and spec.name in w.failing:
@@ -124,6 +124,9 @@ def _arrived(w: Work, e: RequestArrived) -> None:
 
 def _unservable(w: Work, e: RequestArrived) -> Command:
     specs = [w.model(m) for m in serving_models(w.settings, e.target)]
+    if not specs:
+        message = f"no member of '{e.target}' is served now (a peer's model joins once its peer answers)"
+        return _reject(e.rid, 503, "model_unavailable", message)
     refused = [s for s in specs if s.refusal is not None]
     if len(refused) == len(specs):
         return _reject(e.rid, 503, "model_unavailable", "; ".join(s.refusal or "" for s in refused))

@@ -32,6 +32,7 @@ from router.config.origins import (
     host_entry_problem,
     origin_entry_problem,
 )
+from router.config.peer_table import parse_peer, remote_names
 from router.config.reference import reference_markdown
 from router.config.schema import ROUTER_KEYS, TOP_LEVEL_KEYS
 from router.config.tables import (
@@ -200,8 +201,12 @@ def config_from_dict(
         name: parse_model(doc, name, raw, router.num_gpus, model_defaults)
         for name, raw in models_table.items()
     }
+    peers = {
+        name: parse_peer(doc, name, raw, models)
+        for name, raw in doc.table("peers", data.get("peers")).items()
+    }
     pools = {
-        name: parse_pool(doc, name, raw, models)
+        name: parse_pool(doc, name, raw, models, remote_names(peers))
         for name, raw in doc.table("pools", data.get("pools")).items()
     }
     check_unique_names(doc, models, pools)
@@ -212,6 +217,7 @@ def config_from_dict(
         defaults=defaults,
         models=models,
         pools=pools,
+        peers=peers,
     )
     if router.default_pool is not None:
         canonical = resolve_name(config, router.default_pool)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from router.config.keyspec import KeySpec
-from router.config.schema import CACHE_TYPES, DEVICE_KEYS, MODEL_KEYS, POOL_KEYS, ROUTER_KEYS
+from router.config.schema import CACHE_TYPES, DEVICE_KEYS, MODEL_KEYS, PEER_KEYS, POOL_KEYS, ROUTER_KEYS
 
 
 def _table(specs: Sequence[KeySpec], *, with_env: bool) -> str:
@@ -81,7 +81,15 @@ def reference_markdown() -> str:
         "",
         _table(POOL_KEYS, with_env=False),
         "",
-        "Model names, pool names and all aliases share one namespace: each name may be used once.",
+        "Model names, pool names and all aliases share one namespace: each name may be used once. A pool "
+        "member may also name a model of a peer (below).",
+        "",
+        "### `[peers.NAME]`",
+        "",
+        _table(PEER_KEYS, with_env=False),
+        "",
+        "A peer's models are served here under their own names and aliases (a name a local model or pool "
+        'has stays theirs) and may be pool members. See "Several machines".',
         "",
     ]
     return "\n".join(parts)

@@ -14,7 +14,7 @@ from router.config.keyspec import BOOLEAN, INTEGER, NUMBER, PATH, STRING, STRING
 # What llama.cpp accepts for --cache-type-k / --cache-type-v.
 CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
-TOP_LEVEL_KEYS: tuple[str, ...] = ("router", "devices", "defaults", "models", "pools")
+TOP_LEVEL_KEYS: tuple[str, ...] = ("router", "devices", "defaults", "models", "pools", "peers")
 
 ROUTER_KEYS: tuple[KeySpec, ...] = (
     KeySpec("host", STRING, "127.0.0.1", "Address the router listens on.", env="ROUTER_HOST"),
@@ -449,6 +449,62 @@ POOL_KEYS: tuple[KeySpec, ...] = (
         "a free slot. Needs at least two members.",
     ),
     KeySpec("aliases", STRING_LIST, (), "Other names clients may use for this pool.", default_text="[]"),
+)
+
+PEER_KEYS: tuple[KeySpec, ...] = (
+    KeySpec(
+        "url",
+        STRING,
+        None,
+        "Base URL of another llama-router (or any OpenAI-compatible server), `http://host:port` or "
+        "`https://host[:port][/prefix]`; requests go to `URL/v1/...`.",
+        required=True,
+    ),
+    KeySpec(
+        "api_key",
+        STRING,
+        None,
+        "The key sent to the peer (`Authorization: Bearer KEY`). Unset: none, unless `api_key_file` is set.",
+    ),
+    KeySpec(
+        "api_key_file",
+        PATH,
+        None,
+        "A file whose first non-empty line is the key sent to the peer (instead of `api_key`, which must "
+        "then be unset); read at start and on every reload.",
+    ),
+    KeySpec(
+        "models",
+        STRING_LIST,
+        (),
+        "The peer's models served here. Empty: discovered from the peer's /v1/models (its own models, not "
+        "those it serves from peers of its own), again every `refresh` seconds and on reload.",
+        default_text="[] (discover)",
+    ),
+    KeySpec(
+        "max_in_flight",
+        INTEGER,
+        None,
+        "Most requests forwarded to the peer at once; more wait here, in the router's queue. Unset: the "
+        "capacity the peer advertises (a llama-router's slots over its models), else 4.",
+        1,
+        default_text="advertised, else 4",
+    ),
+    KeySpec(
+        "refresh",
+        NUMBER,
+        30.0,
+        "Seconds between two reads of the peer's /v1/models, which also tell whether it is up.",
+        1,
+    ),
+    KeySpec(
+        "connect_timeout",
+        NUMBER,
+        5.0,
+        "Seconds to connect to the peer; past it, the peer counts as down (a pool tries its next member).",
+        0,
+        exclusive_minimum=True,
+    ),
 )
 
 PRICING_KEYS: tuple[str, ...] = ("input", "cached_input", "output")

@@ -187,7 +187,7 @@ def valid_name(name: Any) -> bool:
     )
 
 
-def _check_name(doc: Doc, key: str, name: Any, what: str) -> str:
+def check_name(doc: Doc, key: str, name: Any, what: str) -> str:
     if not valid_name(name):
         raise doc.invalid(key, name, f"{what} must be 1 to {MAX_NAME} printable characters without spaces")
     return name
@@ -210,7 +210,7 @@ def parse_model(
 ) -> ModelConfig:
     """``[models.NAME]``; ``defaults`` holds the model keys ``[defaults]`` set (see parse_model_defaults)."""
     prefix = f"models.{name}"
-    _check_name(doc, prefix, name, "a model name")
+    check_name(doc, prefix, name, "a model name")
     table = doc.table(prefix, raw)
     specs = {spec.name: spec for spec in MODEL_KEYS}
     values: dict[str, Any] = {}
@@ -241,7 +241,7 @@ def parse_model(
         else:
             values[spec.name] = doc.check(prefix, specs[spec.name], value)
     for i, alias in enumerate(values["aliases"]):
-        _check_name(doc, f"{prefix}.aliases[{i}]", alias, "an alias")
+        check_name(doc, f"{prefix}.aliases[{i}]", alias, "an alias")
     if values["ctx"] is not None and values["ctx"] < values["parallel"]:
         raise doc.invalid(
             f"{prefix}.ctx",
@@ -336,9 +336,17 @@ def _effort(doc: Doc, key: str, value: Any) -> ReasoningEffort:
 # ------------------------------------------------------------------------------------------------ [pools]
 
 
-def parse_pool(doc: Doc, name: str, raw: Any, models: Mapping[str, ModelConfig]) -> PoolConfig:
+def parse_pool(
+    doc: Doc,
+    name: str,
+    raw: Any,
+    models: Mapping[str, ModelConfig],
+    remote: tuple[set[str], bool] = (set(), False),
+) -> PoolConfig:
+    """``remote``: the model names peers list, and whether a peer discovers its models (then a member that
+    is no model here may be one of a peer's, resolved at run time)."""
     prefix = f"pools.{name}"
-    _check_name(doc, prefix, name, "a pool name")
+    check_name(doc, prefix, name, "a pool name")
     table = doc.table(prefix, raw)
     allowed = [spec.name for spec in POOL_KEYS]
     for key, value in table.items():
@@ -359,10 +367,15 @@ def parse_pool(doc: Doc, name: str, raw: Any, models: Mapping[str, ModelConfig])
         raise doc.invalid(
             f"{prefix}.members", list(members), f"must list at least one model; models: {known}"
         )
+    listed, discovering = remote
     for member in members:
+        if member not in models and (member in listed or discovering):
+            continue  # a peer's model
         if member not in models:
             owner = next((m.name for m in models.values() if member in m.aliases), None)
             reason = f"{member!r} is not a model; models: {known}"
+            if listed:
+                reason += f"; models of peers: {', '.join(sorted(listed))}"
             if owner is not None:
                 reason = f"{member!r} is an alias of models.{owner}; list model names ({known})"
             raise doc.invalid(f"{prefix}.members", list(members), reason)
@@ -372,7 +385,7 @@ def parse_pool(doc: Doc, name: str, raw: Any, models: Mapping[str, ModelConfig])
         if len(members) < 2:
             raise doc.invalid(f"{prefix}.fallback", True, "fallback = true needs at least two members")
         for member in members:
-            ttl = models[member].ttl
+            ttl = models[member].ttl if member in models else None
             if ttl is not None:
                 raise doc.invalid(
                     f"{prefix}.fallback",
@@ -381,7 +394,7 @@ def parse_pool(doc: Doc, name: str, raw: Any, models: Mapping[str, ModelConfig])
                     "remove that ttl",
                 )
     for i, alias in enumerate(values["aliases"]):
-        _check_name(doc, f"{prefix}.aliases[{i}]", alias, "an alias")
+        check_name(doc, f"{prefix}.aliases[{i}]", alias, "an alias")
     return PoolConfig(name=name, **values)
 
 

@@ -122,6 +122,22 @@ class PoolConfig:
     aliases: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
 
 
+@attrs.frozen
+class PeerConfig:
+    """``[peers.NAME]``: another router that serves models here over HTTP. ``url`` has no trailing slash;
+    ``api_key`` holds the key (from the file too, when ``api_key_file`` is set); ``models`` empty means
+    discovered; ``max_in_flight`` None means advertised by the peer, else the default."""
+
+    name: str
+    url: str
+    api_key: str | None = None
+    api_key_file: Path | None = None
+    models: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
+    max_in_flight: int | None = None
+    refresh: float = 30.0
+    connect_timeout: float = 5.0
+
+
 def _router_default(name: str) -> Any:
     return spec_by_name(ROUTER_KEYS, name).default
 
@@ -188,3 +204,4 @@ class Config:
     defaults: FrozenMap[str, FlagValue] = attrs.field(factory=FrozenMap, converter=_frozen_map)
     models: FrozenMap[str, ModelConfig] = attrs.field(factory=FrozenMap, converter=_frozen_map)
     pools: FrozenMap[str, PoolConfig] = attrs.field(factory=FrozenMap, converter=_frozen_map)
+    peers: FrozenMap[str, PeerConfig] = attrs.field(factory=FrozenMap, converter=_frozen_map)

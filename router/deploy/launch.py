@@ -134,7 +134,11 @@ def scheduler_settings(
                 refusal=decision.refusal,
             )
         )
-    pools = [PoolSpec(p.name, tuple(p.members), p.fallback) for p in config.pools.values()]
+    # Members served by peers join in router.deploy.peer_settings, once they are known.
+    pools = [
+        PoolSpec(p.name, tuple(m for m in p.members if m in config.models), p.fallback)
+        for p in config.pools.values()
+    ]
     devices = [DeviceSpec(g, budgets.get(g)) for g in ids]
     r = config.router
     policy = Policy(

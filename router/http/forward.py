@@ -30,6 +30,7 @@ from router.http.request_body import BodyError, check_fields, parse_object
 from router.http.request_headers import bad_header, headers_too_large
 from router.http.tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
 from router.http.unadmitted import unadmitted_record
+from router.shell.peers import HOP_HEADER
 from router.shell.runtime import Router
 from statemachine import serving_models
 
@@ -39,6 +40,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 BODY_TIMEOUT = 120.0
+HOP = HOP_HEADER.encode()
 
 FORWARDED = (
     "/v1/chat/completions",
@@ -220,6 +222,7 @@ class Forwarder:
             prefix=request_chain(
                 router.deployment.settings, router.config.router.prefix_affinity, target, body, path
             ),
+            local_only=any(name == HOP for name, _ in raw_headers),
         )
         reply = await self.proxy.respond(
             ticket,
@@ -235,7 +238,7 @@ class Forwarder:
     def _resolve(self, name: Any, path: str) -> tuple[str | None, Reply | None]:
         config = self.router.config
         if isinstance(name, str) and name:
-            target = resolve_name(config, name)
+            target = resolve_name(config, name) or self.router.peer_model(name)
             if target is not None:
                 if path in TOKEN_COUNTING and target in config.pools:
                     members = ", ".join(config.pools[target].members)
@@ -259,8 +262,8 @@ class Forwarder:
         if target not in router.config.pools:
             return output or None
         upper = prompt_upper_bound(body) + output
-        members = serving_models(router.deployment.settings, target)
-        if upper <= min(router.launches[m].ctx_per_slot for m in members):
+        members = serving_models(router.deployment.settings, target)  # the members served here
+        if not members or upper <= min(router.launches[m].ctx_per_slot for m in members):
             return upper
         port = router.ready_port(members)
         exact = None if port is None else await exact_prompt_tokens(self.client, port, body)

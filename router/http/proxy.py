@@ -23,11 +23,15 @@ import trio
 
 from router.http.browser_guard import drop_cors
 from router.http.errors import sse_error
+from router.http.peer_relay import PeerRelay, PeerResponse
 from router.http.replica_errors import BODY_LIMIT, ReplicaError, shape_replica_error
 from router.http.reply import Reply, error_reply
 from router.http.upstream import ConnectFailed, UpstreamError, UpstreamPool, UpstreamResponse
 from router.shell.runtime import Router
 from router.shell.ticket import Ticket
+from statemachine import Dispatch
+
+Upstream = UpstreamResponse | PeerResponse  # a replica's reply, or a peer's
 
 KEEPALIVE_AFTER = 1.0
 KEEPALIVE_EVERY = 2.0
@@ -66,7 +70,7 @@ def upstream_headers(
     return [(k, v) for k, v in headers if k.lower() not in drop]
 
 
-def merged_headers(upstream: UpstreamResponse, drop: frozenset[str]) -> dict[str, str]:
+def merged_headers(upstream: Upstream, drop: frozenset[str]) -> dict[str, str]:
     """The replica's headers without ``drop``; repeated ones joined with commas."""
     out: dict[str, str] = {}
     for raw_name, raw_value in upstream.raw_headers:
@@ -78,7 +82,7 @@ def merged_headers(upstream: UpstreamResponse, drop: frozenset[str]) -> dict[str
     return out
 
 
-def reply_headers(upstream: UpstreamResponse, model: str | None) -> dict[str, str]:
+def reply_headers(upstream: Upstream, model: str | None) -> dict[str, str]:
     """The replica's response headers for the client; its CORS policy is replaced by the router's own."""
     out = drop_cors(merged_headers(upstream, _REPLY_DROP))
     if model is not None:
@@ -86,7 +90,7 @@ def reply_headers(upstream: UpstreamResponse, model: str | None) -> dict[str, st
     return out
 
 
-async def read_replica_error(model: str | None, upstream: UpstreamResponse) -> ReplicaError:
+async def read_replica_error(model: str | None, upstream: Upstream) -> ReplicaError:
     """Read a replica's error reply (at most BODY_LIMIT bytes), close it, and shape the answer."""
     try:
         body, complete = await upstream.read(BODY_LIMIT)
@@ -130,6 +134,7 @@ class Proxy:
     def __init__(self, router: Router, pool: UpstreamPool) -> None:
         self.router = router
         self.pool = pool
+        self.peers = PeerRelay(router, router.config.router.reply_timeout)
 
     async def respond(
         self,
@@ -181,11 +186,19 @@ class Proxy:
         query: bytes,
         body: bytes,
         headers: list[tuple[bytes, bytes]],
-    ) -> UpstreamResponse | Reply:
+    ) -> Upstream | Reply:
+        target = _target(path, query)
+        while ticket.peer is not None:
+            answer = await self.peers.open(ticket, method, target, body, headers)
+            if answer is not None:
+                return answer
+            await ticket.decided.wait()  # the peer failed it: a pool's next member, or the answer
+            if ticket.reject is not None:
+                self.router.finish(ticket, completed=False)
+                return _reject_reply(ticket)
         pooled = ticket.target in self.router.state.settings.pools
         if pooled and ticket.model is not None and ticket.model != ticket.target:
             body = name_member(body, ticket.model)
-        target = _target(path, query)
         try:
             for attempt in range(REDISPATCHES + 1):
                 try:
@@ -216,7 +229,7 @@ class Proxy:
         ticket.observed.status = upstream.status_code
         return upstream
 
-    async def _relay(self, ticket: Ticket, upstream: UpstreamResponse, sse: bool) -> AsyncIterator[bytes]:
+    async def _relay(self, ticket: Ticket, upstream: Upstream, sse: bool) -> AsyncIterator[bytes]:
         # No cancel scope spans a yield here: the exchange ends by itself when the replica goes away.
         completed = False
         sniffer = ticket.observed.sniff(sse=sse)
@@ -236,14 +249,14 @@ class Proxy:
                 await upstream.aclose()
             self.router.finish(ticket, completed=completed)
 
-    async def _read_error(self, ticket: Ticket, upstream: UpstreamResponse) -> ReplicaError:
+    async def _read_error(self, ticket: Ticket, upstream: Upstream) -> ReplicaError:
         """Read a replica's error reply and note what the client will get."""
         error = await read_replica_error(ticket.model, upstream)
         ticket.observed.fail(error.status, error.message)
         return error
 
     @staticmethod
-    def _error_reply(ticket: Ticket, upstream: UpstreamResponse, error: ReplicaError) -> Reply:
+    def _error_reply(ticket: Ticket, upstream: Upstream, error: ReplicaError) -> Reply:
         if error.wrapped:
             headers = {"content-type": "application/json"}
             if ticket.model is not None:
@@ -255,7 +268,8 @@ class Proxy:
     def _failure_text(self, ticket: Ticket, exc: BaseException) -> str:
         if ticket.rejection is not None:
             return ticket.rejection.message
-        info = self.router.supervisor.info(ticket.dispatch.replica) if ticket.dispatch else None
+        dispatch = ticket.dispatch
+        info = self.router.supervisor.info(dispatch.replica) if isinstance(dispatch, Dispatch) else None
         if info is not None and info.stop_reason is not None:
             return f"the replica of '{ticket.model}' was stopped while answering: {info.stop_reason}"
         return f"the replica of '{ticket.model}' broke off the reply: {exc}"
@@ -280,7 +294,7 @@ class Proxy:
                 return
             upstream = await self._open(ticket, method, path, query, body, headers)
             error = None
-            if isinstance(upstream, UpstreamResponse) and upstream.status_code >= 400:
+            if not isinstance(upstream, Reply) and upstream.status_code >= 400:
                 error = await self._read_error(ticket, upstream)
                 self.router.finish(ticket, completed=True)
         except BaseException:

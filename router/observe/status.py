@@ -61,6 +61,9 @@ def model_entry(config: Config, router: Router, name: str, created: int) -> dict
         "aliases": list(model.aliases),
         "parallel": model.parallel,
         "ctx": router.launches[name].ctx,
+        # What a router that peers with this one reads: capacity (slots over every replica) and context.
+        "slots": model.parallel * model.num_instance,
+        "ctx_per_slot": router.launches[name].ctx_per_slot,
     }
     if model.pricing is not None:
         entry["pricing"] = {k: v for k, v in attrs.asdict(model.pricing).items() if v is not None}
@@ -70,6 +73,29 @@ def model_entry(config: Config, router: Router, name: str, created: int) -> dict
             del effort["disable"]
         entry["reasoning_effort"] = effort
     return entry
+
+
+def peer_model_entry(router: Router, name: str, created: int) -> dict[str, Any]:
+    """One model a peer serves, for /v1/models: ``peer`` says where it lives."""
+    spec = router.state.settings.models[name]
+    peer = spec.peer
+    assert peer is not None
+    aliases = [alias for alias, model in router.peers.aliases().items() if model == name]
+    down = peer in router.state.peers_down
+    return {
+        "id": name,
+        "object": "model",
+        "created": created,
+        "owned_by": "llama-router",
+        "peer": peer,
+        "state": "unavailable" if down else "ready",
+        "aliases": aliases,
+        "ctx_per_slot": spec.ctx_per_slot,
+    }
+
+
+def peer_model_names(router: Router) -> list[str]:
+    return [name for name, spec in router.state.settings.models.items() if spec.remote]
 
 
 def pool_entry(config: Config, router: Router, name: str, created: int) -> dict[str, Any]:
@@ -92,15 +118,17 @@ def models_document(config: Config, router: Router) -> dict[str, Any]:
     created = int(time.time())
     data = [model_entry(config, router, name, created) for name in config.models]
     data += [pool_entry(config, router, name, created) for name in config.pools]
+    data += [peer_model_entry(router, name, created) for name in peer_model_names(router)]
     return {"object": "list", "data": data}
 
 
 def named_entry(config: Config, router: Router, name: str) -> dict[str, Any] | None:
     """The /v1/models entry of a model or pool named ``name`` or one of its aliases; None when unknown."""
     target = resolve_name(config, name)
-    if target is None:
-        return None
     created = int(time.time())
+    if target is None:
+        remote = router.peer_model(name)
+        return None if remote is None else peer_model_entry(router, remote, created)
     if target in config.models:
         return model_entry(config, router, target, created)
     return pool_entry(config, router, target, created)
@@ -110,7 +138,9 @@ def capacity_entry(state: State, model: str) -> dict[str, Any]:
     """What one model can take and holds now: its slots (``slots_per_replica`` times at most ``replicas``
     replicas), its replicas by phase, and the requests in flight on them (a pool member in /status, a model
     in /props)."""
-    spec = state.settings.models[model]
+    spec = state.settings.models.get(model)
+    if spec is None or spec.peer is not None:
+        return _remote_capacity(state, model, None if spec is None else spec.peer)
     reps = queries.replicas_of(state, model)
     return {
         "model": model,
@@ -123,6 +153,24 @@ def capacity_entry(state: State, model: str) -> dict[str, Any]:
         "ctx_per_slot": spec.ctx_per_slot,
         "in_flight": sum(len(r.inflight) for r in reps),
         "state": model_state(state, model),
+    }
+
+
+def _remote_capacity(state: State, model: str, peer: str | None) -> dict[str, Any]:
+    """A pool member a peer serves (``peer`` None: no peer has listed it yet)."""
+    phase = "unknown" if peer is None else "unavailable" if peer in state.peers_down else "ready"
+    return {
+        "model": model,
+        "peer": peer,
+        "gpus": [],
+        "slots": None if peer is None else state.settings.peer_limit(peer),
+        "slots_per_replica": None,
+        "replicas": 0,
+        "replicas_ready": 0,
+        "replicas_loading": 0,
+        "ctx_per_slot": None,
+        "in_flight": 0 if peer is None else len(state.peer_inflight.get(peer, ())),
+        "state": phase,
     }
 
 
@@ -172,9 +220,24 @@ def status_document(config: Config, router: Router) -> dict[str, Any]:
         "gpus": gpus,
         "replicas": replicas,
         "pools": pools,
+        "peers": peers_entry(router),
         "recent": [attrs.asdict(h) for h in reversed(router.happenings)],
         "shutting_down": state.shutting_down,
     }
+
+
+def peers_entry(router: Router) -> list[dict[str, Any]]:
+    """Each peer: its URL, up or down and why, its models, and what is forwarded to it now."""
+    state = router.state
+    out = []
+    for entry in router.peers.describe():
+        name = entry["name"]
+        entry["in_flight"] = len(state.peer_inflight.get(name, ()))
+        entry["max_in_flight"] = state.settings.peer_limit(name)
+        if name in state.peers_down and entry["state"] != "down":
+            entry["state"], entry["reason"] = "down", state.peers_down[name]
+        out.append(entry)
+    return out
 
 
 async def replica_log(router: Router, replica: int, lines: int | None) -> tuple[str, str] | None:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+import httpx
 import trio
 
 from router.config.llama_args import gpu_env
@@ -23,11 +24,13 @@ from router.config.load import Config, config_dir
 from router.config.source import ConfigSource
 from router.deploy.deployment import Deployment
 from router.deploy.launch import ModelLaunch
+from router.deploy.peer_settings import with_peers
 from router.hosts.gpu_monitor import GpuMonitor, Ours
 from router.journal.records import RequestRecord
 from router.shell.kv_policy import kv_launch, saves_before_stop
 from router.shell.kv_slots import KvOutcome, describe_kv
 from router.shell.kv_store import KvStore
+from router.shell.peers import PeerDirectory
 from router.shell.ports import free_port
 from router.shell.processes import (
     LaunchSpec,
@@ -49,16 +52,19 @@ from statemachine import (
     Dispatch,
     DispatchFailed,
     Event,
+    Forward,
     IllegalEvent,
     Kill,
     KillCause,
     LoadFailed,
+    PeerFailed,
     Reject,
     ReplicaExited,
     ReplicaReady,
     ReplicaUnresponsive,
     RequestArrived,
     RequestFinished,
+    Settings,
     SettingsChanged,
     ShutdownRequested,
     Spawn,
@@ -119,7 +125,10 @@ class Router:
         self.source = source  # where a reload reads the configuration (None: the config file again)
         self.gpus = gpus or GpuMonitor()
         self.strict = strict
-        self.state: State = initial_state(deployment.settings, trio.current_time())
+        # Peers are other routers on the network: no proxy from the environment stands between them.
+        self.peer_http = httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(10.0, connect=5.0))
+        self.peers = PeerDirectory(deployment.config, self.peer_http, self.submit, self._peers_changed)
+        self.state: State = initial_state(self.settings_for(deployment), trio.current_time())
         router = deployment.config.router
         self.load_timeout = router.load_timeout
         self.stop_timeout = router.stop_timeout
@@ -158,14 +167,32 @@ class Router:
 
     # ------------------------------------------------------------------------------- lifecycle
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(self.supervisor.run)
-            nursery.start_soon(self._owner)
-            nursery.start_soon(self._timer)
-            self.submit(Startup())
-            task_status.started()
-            await self.stopped.wait()
-            nursery.cancel_scope.cancel()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.supervisor.run)
+                nursery.start_soon(self._owner)
+                nursery.start_soon(self._timer)
+                nursery.start_soon(self.peers.run)
+                self.submit(Startup())
+                task_status.started()
+                await self.stopped.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.peer_http.aclose()
+
+    def settings_for(self, deployment: Deployment) -> Settings:
+        """The scheduler's settings: the deployment's, with the models of the peers as known now."""
+        return with_peers(deployment.config, deployment.settings, self.peers.found)
+
+    def peer_model(self, name: str) -> str | None:
+        """The model a peer serves under ``name`` or one of its aliases, as the scheduler knows it now."""
+        models = self.state.settings.models
+        model = name if name in models else self.peers.aliases().get(name)
+        return model if model is not None and model in models and models[model].remote else None
+
+    def _peers_changed(self) -> None:
+        self.submit(SettingsChanged(self.settings_for(self.deployment)))
 
     async def shutdown(self, grace: float) -> None:
         """Stop admitting, let in-flight work finish for up to ``grace`` seconds, then stop every replica."""
@@ -183,16 +210,27 @@ class Router:
         tokens: int | None,
         body: Mapping[str, Any] | None = None,
         prefix: tuple[int, ...] = (),
+        local_only: bool = False,
     ) -> Ticket:
         """A new request for ``target``; ``prefix`` is its prefix chain (router.http.prefix_key), which only
-        steers which free replica serves it."""
+        steers which free replica serves it; ``local_only``: it came through another router (hop header), so
+        no peer may serve it."""
         rid = self._next_rid
         self._next_rid += 1
         ticket = Ticket(
-            rid, target, asked, endpoint, client, time.time(), body=body, tokens=tokens, prefix=prefix
+            rid,
+            target,
+            asked,
+            endpoint,
+            client,
+            time.time(),
+            body=body,
+            tokens=tokens,
+            prefix=prefix,
+            local_only=local_only,
         )
         self.tickets[rid] = ticket
-        self.submit(RequestArrived(rid, target, tokens, prefix))
+        self.submit(RequestArrived(rid, target, tokens, prefix, local_only))
         return ticket
 
     def finish(self, ticket: Ticket, *, completed: bool) -> None:
@@ -264,7 +302,7 @@ class Router:
         # can arrive after the scheduler let go of the request itself (its replica exited first).
         stale_tick = isinstance(event, Tick) and event.now <= self.state.now
         let_go = (
-            isinstance(event, ClientGone | RequestFinished | DispatchFailed)
+            isinstance(event, ClientGone | RequestFinished | DispatchFailed | PeerFailed)
             and event.rid not in self.state.requests
         )
         if not (stale_tick or let_go):
@@ -289,6 +327,8 @@ class Router:
         match command:
             case Dispatch(rid=rid, replica=replica):
                 self.tickets[rid].sent(command, self.ports.get(replica))
+            case Forward(rid=rid):
+                self.tickets[rid].sent(command, None)
             case Reject(rid=rid):
                 ticket = self.tickets.get(rid)
                 if ticket is None:
@@ -451,12 +491,21 @@ class Router:
         refused after the scheduler had ended the request with ``replica_exited``): nothing reached a replica,
         so the request is admitted again, behind the requests waiting now, instead of failing."""
         ticket.again()
-        self.submit(RequestArrived(ticket.rid, ticket.target, ticket.tokens, ticket.prefix))
+        self.submit(
+            RequestArrived(ticket.rid, ticket.target, ticket.tokens, ticket.prefix, ticket.local_only)
+        )
+
+    def peer_failed(self, ticket: Ticket, reason: str, *, down: bool, status: int | None) -> None:
+        """The peer ``ticket`` was forwarded to failed it before any byte reached the client: the scheduler
+        decides again (a pool's next member, or the answer)."""
+        ticket.again()
+        self.submit(PeerFailed(ticket.rid, reason, down, status))
 
     def redeploy(self, deployment: Deployment, changed: frozenset[str]) -> None:
         """Switch to a new deployment: ``changed`` models drain and stop; the rest keep serving."""
         self.deployment = deployment
-        self.submit(SettingsChanged(deployment.settings, changed))
+        self.peers.reconfigure(deployment.config)
+        self.submit(SettingsChanged(self.settings_for(deployment), changed))
 
     def unload(self, model: str | None, force: bool) -> None:
         self.submit(UnloadRequested(model, force))

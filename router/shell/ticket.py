@@ -11,7 +11,7 @@ import attrs
 import trio
 
 from router.journal.records import CLIENT_CLOSED, ERROR_TEXT_LIMIT, Observation, RequestRecord
-from statemachine import Dispatch, Reject
+from statemachine import Dispatch, Forward, Reject
 
 
 class TicketPhase(enum.Enum):
@@ -39,7 +39,7 @@ class Ticket:
     started: float
     phase: TicketPhase = TicketPhase.WAITING
     decided: trio.Event = attrs.field(factory=trio.Event)
-    dispatch: Dispatch | None = None
+    dispatch: Dispatch | Forward | None = None  # where the scheduler sent it: a replica, or a peer
     port: int | None = None
     rejection: Reject | None = None
     queued_at: float = attrs.field(factory=time.monotonic)
@@ -48,6 +48,7 @@ class Ticket:
     body: Mapping[str, Any] | None = None  # the parsed JSON body (read when the request loads a model)
     tokens: int | None = None  # what it needs in one slot, as the scheduler was told
     prefix: tuple[int, ...] = ()  # its prefix chain, as the scheduler was told
+    local_only: bool = False  # it came through another router: no peer may serve it
 
     @property
     def model(self) -> str | None:
@@ -58,7 +59,12 @@ class Ticket:
         """The rejection to answer with instead of forwarding: one that came before a replica took it."""
         return self.rejection if self.dispatch is None else None
 
-    def sent(self, dispatch: Dispatch, port: int | None) -> None:
+    @property
+    def peer(self) -> str | None:
+        """The peer it was forwarded to, if the scheduler sent it to one."""
+        return self.dispatch.peer if isinstance(self.dispatch, Forward) else None
+
+    def sent(self, dispatch: Dispatch | Forward, port: int | None) -> None:
         self.dispatch, self.port = dispatch, port
         self.dispatched_at = time.monotonic()
         self.phase = TicketPhase.SENT

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from router.config.load import reference_markdown
-from router.config.schema import DEVICE_KEYS, MODEL_KEYS, POOL_KEYS, ROUTER_KEYS
+from router.config.schema import DEVICE_KEYS, MODEL_KEYS, PEER_KEYS, POOL_KEYS, ROUTER_KEYS
 
 
 def test_reference_mentions_every_key() -> None:
@@ -16,9 +16,10 @@ def test_reference_mentions_every_key() -> None:
         "### `[defaults]`",
         "### `[models.NAME]`",
         "### `[pools.NAME]`",
+        "### `[peers.NAME]`",
     ):
         assert heading in text
-    for spec in ROUTER_KEYS + DEVICE_KEYS + MODEL_KEYS + POOL_KEYS:
+    for spec in ROUTER_KEYS + DEVICE_KEYS + MODEL_KEYS + POOL_KEYS + PEER_KEYS:
         assert re.search(rf"^\| `{spec.name}`", text, re.MULTILINE), spec.name
     for spec in ROUTER_KEYS:
         if spec.env:

@@ -1,0 +1,142 @@
+"""Requests the scheduler forwarded to a peer: sent over HTTP with the peer's key and the hop mark, relayed
+through the same path as a replica's reply.
+
+A failure before any byte reached the client — no connection, no answer in time, or a 5xx reply — goes
+back to the scheduler (``Router.peer_failed``), which sends a pooled request to its next member or answers
+it; a connection failure also takes the peer out of service until its next good /v1/models read. A reply
+the peer has begun is relayed to its end, byte for byte, like a replica's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import trio
+
+from router.http.replica_errors import BODY_LIMIT
+from router.http.upstream import ReplyTimeout, UpstreamBroken
+from router.shell.peers import describe_failure, peer_headers
+from router.shell.runtime import Router
+from router.shell.ticket import Ticket
+
+
+class PeerResponse:
+    """A peer's reply with the interface of ``router.http.upstream.UpstreamResponse``."""
+
+    def __init__(self, response: httpx.Response, read_timeout: float) -> None:
+        self._response = response
+        self._timeout = read_timeout
+        self.status_code = response.status_code
+        self.reason = response.reason_phrase
+        self.raw_headers = [(k.lower(), v) for k, v in response.headers.raw]
+        self._done = False
+
+    def header(self, name: bytes) -> str | None:
+        for key, value in self.raw_headers:
+            if key == name:
+                return value.decode("latin-1")
+        return None
+
+    @property
+    def complete(self) -> bool:
+        return self._done
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.aiter_raw():
+                if chunk:
+                    yield chunk
+        except httpx.TimeoutException:
+            raise ReplyTimeout(self._timeout) from None
+        except httpx.HTTPError as exc:
+            raise UpstreamBroken(f"the peer broke off the reply: {exc}") from None
+        self._done = True
+
+    async def read(self, limit: int) -> tuple[bytes, bool]:
+        body = bytearray()
+        try:
+            async for chunk in self.chunks():
+                body += chunk
+                if len(body) > limit:
+                    return bytes(body[:limit]), False
+        except (ReplyTimeout, UpstreamBroken):
+            return bytes(body[:limit]), False
+        return bytes(body), True
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+class PeerRelay:
+    def __init__(self, router: Router, read_timeout: float) -> None:
+        self.router = router
+        self.read_timeout = read_timeout
+
+    async def open(
+        self, ticket: Ticket, method: str, target: str, body: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> PeerResponse | None:
+        """Send ``ticket``'s request to its peer: the reply, or None when the peer failed it (the scheduler
+        has been told and decides again)."""
+        router = self.router
+        name, model = ticket.peer, ticket.model
+        assert name is not None and model is not None
+        peer = router.config.peers.get(name)
+        if peer is None:
+            router.peer_failed(ticket, "the peer was removed from the configuration", down=False, status=None)
+            return None
+        sent = [(k, v) for k, v in headers if k.lower() != b"accept-encoding"]
+        sent += [(k.encode(), v.encode()) for k, v in peer_headers(peer).items()]
+        sent.append((b"accept-encoding", b"identity"))  # relayed as it comes, so no encoding
+        request = router.peer_http.build_request(
+            method,
+            peer.url + target,
+            headers=sent,
+            content=_with_model(body, model),
+            timeout=httpx.Timeout(self.read_timeout, connect=peer.connect_timeout),
+        )
+        try:
+            response = await router.peer_http.send(request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            router.peer_failed(ticket, describe_failure(exc), down=True, status=None)
+            return None
+        except httpx.HTTPError as exc:
+            router.peer_failed(ticket, describe_failure(exc), down=False, status=None)
+            return None
+        if response.status_code >= 500:
+            reply = PeerResponse(response, self.read_timeout)
+            try:
+                text, _ = await reply.read(BODY_LIMIT)
+            finally:
+                with trio.CancelScope(shield=True):
+                    await reply.aclose()
+            reason = f"it answered {response.status_code}: {_error_text(text)}"
+            router.peer_failed(ticket, reason, down=False, status=response.status_code)
+            return None
+        ticket.observed.status = response.status_code
+        return PeerResponse(response, self.read_timeout)
+
+
+def _with_model(body: bytes, model: str) -> bytes:
+    """The body naming ``model`` as the peer knows it (a pool or an alias here may be no name there)."""
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return body
+    if not isinstance(doc, dict) or doc.get("model") == model:
+        return body
+    doc["model"] = model
+    return json.dumps(doc).encode()
+
+
+def _error_text(body: bytes) -> str:
+    """The message of an OpenAI-shaped error body, else its first 200 characters."""
+    try:
+        doc = json.loads(body)
+        message = doc["error"]["message"]
+        if isinstance(message, str):
+            return message
+    except (ValueError, KeyError, TypeError):
+        pass
+    return body[:200].decode("utf-8", "replace") or "no body"
