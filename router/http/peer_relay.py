@@ -21,6 +21,8 @@ from router.shell.peers import describe_failure, peer_headers
 from router.shell.runtime import Router
 from router.shell.ticket import Ticket
 
+LOOP_DETECTED = 508  # the peer refused a second hop: no capacity miss, the answer itself
+
 
 class PeerResponse:
     """A peer's reply with the interface of ``router.http.upstream.UpstreamResponse``."""
@@ -104,7 +106,7 @@ class PeerRelay:
         except httpx.HTTPError as exc:
             router.peer_failed(ticket, describe_failure(exc), down=False, status=None)
             return None
-        if response.status_code >= 500:
+        if response.status_code >= 500 and response.status_code != LOOP_DETECTED:
             reply = PeerResponse(response, self.read_timeout)
             try:
                 text, _ = await reply.read(BODY_LIMIT)

@@ -2,11 +2,12 @@
 
 One task per peer reads ``URL/v1/models`` at start, every ``refresh`` seconds and on reload. A read that
 fails (no connection, a timeout, an error status, a body that is no model list) reports the peer down to the
-scheduler (``PeerState``); the next good read reports it up. The models it lists are kept — its own only: an
-entry a llama-router serves from a peer of its own carries ``peer`` and is left out, so two routers that
-peer with each other do not list each other's models back — with their aliases, per-slot context and
-slots, whose sum is the capacity the peer advertises. When what a peer serves changes, ``on_change`` is
-called so that the router's settings follow.
+scheduler (``PeerState``); the next good read reports it up. A peer that is down is read every
+``DOWN_REFRESH`` seconds (or every ``refresh`` seconds when that is shorter). The models it lists are kept
+— its own only: an entry a llama-router serves from a peer of its own carries ``peer`` and is left out, so
+two routers that peer with each other do not list each other's models back — with their aliases, per-slot
+context and slots, whose sum is the capacity the peer advertises. When what a peer serves changes,
+``on_change`` is called so that the router's settings follow.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ log = logging.getLogger("router.peers")
 
 HOP_HEADER = "x-llama-router-hop"
 READ_TIMEOUT = 10.0
+DOWN_REFRESH = 5.0
 
 
 @attrs.define
@@ -120,7 +122,9 @@ class PeerDirectory:
     async def _watch(self, peer: PeerConfig, wake: trio.Event) -> None:
         while not wake.is_set():
             await self.probe(peer)
-            with trio.move_on_after(peer.refresh):
+            up = self.status.get(peer.name, PeerStatus()).up
+            # A peer that is down is read again sooner, so that it is back in service soon after it is.
+            with trio.move_on_after(peer.refresh if up else min(peer.refresh, DOWN_REFRESH)):
                 await wake.wait()
 
     async def probe(self, peer: PeerConfig) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import trio
 
+from router.shell.ports import free_port
 from router.shell.runtime import Router
 from tests.support.browser import OUTPUTS, SHAPES, chromium, elements, find_browser, gguf_router
 from tests.support.client import chat_body, stream
@@ -145,3 +146,25 @@ async def test_chat_page_loads_the_model_on_demand_and_passes_through(tmp_path: 
     # loaded the model) and the completion do.
     assert [(r["status"], r["stream"]) for r in reversed(chat_rows)] == [(200, False), (200, True)]
     assert chat_rows[0]["generated_tokens"] == 4 and chat_rows[0]["model_served"] == "alpha"
+
+
+async def test_dashboard_shows_each_peer_with_its_state(tmp_path: Path) -> None:
+    """A router with one peer that answers (another router here) and one that does not: /dash lists both,
+    up and down, with the models of the one that answers."""
+    browser = find_browser()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a").mkdir()
+    async with running_router(tmp_path / "b", {"far": {}}) as b:
+        peers = {
+            "box": {"url": b.url, "refresh": 1.0},
+            "gone": {"url": f"http://127.0.0.1:{free_port()}", "models": ["lost"], "connect_timeout": 1.0},
+        }
+        async with running_router(tmp_path / "a", {"near": {}}, peers=peers) as a:
+            with trio.fail_after(20):
+                await a.router.wait_until(lambda s: "far" in s.settings.models and "gone" in s.peers_down)
+            dom = (
+                await chromium(browser, "--virtual-time-budget=4000", "--dump-dom", f"{a.url}/dash")
+            ).decode()
+    rows = {e["data-state"] for e in elements(dom, "tr", class_="peer-row")}
+    assert rows == {"up", "down"}, rows
+    assert "far" in dom and "lost" in dom

@@ -80,10 +80,13 @@ async def running_router(
     devices: Mapping[str, Any] | None = None,
     defaults: Mapping[str, Any] | None = None,
     pools: Mapping[str, Any] | None = None,
+    peers: Mapping[str, Any] | None = None,
     client_timeout: float = 30.0,
 ) -> AsyncIterator[RouterHandle]:
     """Start the router in this Trio run against simulated ``models``; stop it (and its replicas) after."""
-    doc = config_document(dir, models, router=router, devices=devices, defaults=defaults, pools=pools)
+    doc = config_document(
+        dir, models, router=router, devices=devices, defaults=defaults, pools=pools, peers=peers
+    )
     async with serving(dir, doc, client_timeout=client_timeout) as handle:
         yield handle
 

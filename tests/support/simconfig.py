@@ -30,6 +30,7 @@ def config_document(
     defaults: Mapping[str, Any] | None = None,
     pools: Mapping[str, Any] | None = None,
     port: int | None = None,
+    peers: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The configuration document for simulated ``models``.
 
@@ -67,6 +68,8 @@ def config_document(
         doc["defaults"] = dict(defaults)
     if pools:
         doc["pools"] = dict(pools)
+    if peers:
+        doc["peers"] = dict(peers)
     return doc
 
 

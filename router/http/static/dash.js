@@ -492,6 +492,28 @@
     $("replica-hint").textContent = st.replicas.length ? `${st.replicas.length} running` : "";
   }
 
+  function renderPeers() {
+    const st = store.status;
+    const peers = (st && st.peers) || [];
+    $("peers-panel").hidden = !peers.length;
+    if (!peers.length) return;
+    const now = Date.now() / 1000;
+    const rows = peers.map((p) =>
+      h("tr", { class: "peer-row", "data-state": p.state },
+        h("td", {}, h("span", { class: "chip" }, p.name)),
+        h("td", { class: "mono wide", text: p.url }),
+        h("td", {}, h("span", { class: "badge st-" + (p.state === "up" ? "ready" : p.state === "down" ? "load_failed" : "loading"), text: p.state })),
+        h("td", { text: p.models.length ? p.models.join(", ") : "–" }),
+        h("td", { class: "num", text: `${p.in_flight} / ${p.max_in_flight}` }),
+        h("td", { class: "num wide", text: p.checked_at ? fmtAge(now - p.checked_at) + " ago" : "–" }),
+        h("td", { class: "wide", text: p.reason || "" })));
+    replace($("peers"), table(
+      [["peer"], ["url", "wide"], ["state"], ["models"], ["in flight", "num"], ["read", "num wide"], ["why", "wide"]],
+      rows, "No peer."));
+    const down = peers.filter((p) => p.state === "down").length;
+    $("peers-hint").textContent = `${peers.length} configured` + (down ? `, ${down} down` : "");
+  }
+
   const KIND = { load: "loading", ready: "ready", load_failed: "load failed", stop: "stopped", exited: "exited" };
 
   function renderEvents() {
@@ -652,6 +674,7 @@
       renderGpus();
       renderQueue();
       renderReplicas();
+      renderPeers();
       renderEvents();
       setLive(true, "live · " + fmtClock(serverNow()));
       markReady();
