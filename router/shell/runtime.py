@@ -23,6 +23,7 @@ from router.config.load import Config, config_dir
 from router.config.source import ConfigSource
 from router.deploy.deployment import Deployment
 from router.deploy.launch import ModelLaunch
+from router.deploy.rpc_devices import local_gpus
 from router.hosts.gpu_monitor import GpuMonitor, Ours
 from router.journal.records import RequestRecord
 from router.shell.kv_policy import kv_launch, saves_before_stop
@@ -339,7 +340,7 @@ class Router:
             replica_id=command.replica,
             model=command.model,
             argv=argv,
-            env=gpu_env(command.gpus),
+            env=gpu_env(local_gpus(command.gpus)),  # RPC devices are reached by --rpc, never masked
             port=port,
             load_timeout=self.load_timeout,
             stop_timeout=self.stop_timeout,
