@@ -42,6 +42,7 @@ from router.shell.processes import (
     SupervisorFactory,
 )
 from router.shell.replica_logs import ReplicaLogs
+from router.shell.rpc_probe import RpcProbe
 from router.shell.supervisor import Supervisor
 from router.shell.ticket import Ticket, TicketPhase, record_of
 from statemachine import (
@@ -133,6 +134,7 @@ class Router:
         else:
             self.supervisor = supervisor(self._from_supervisor)
         self.kv_store = KvStore(router.kv_store_dir, router.kv_store_mib << 20)
+        self.rpc_probe = RpcProbe()  # whether each rpc-server answers (probed by the observers)
         self.tickets: dict[int, Ticket] = {}
         self.ports: dict[int, int] = {}
         self.happenings: collections.deque[Happening] = collections.deque(maxlen=200)
