@@ -40,6 +40,8 @@ Context
 Several GPUs
     Layers are split in proportion to the GPUs' budgets; ``ModelPlan.tensor_split`` carries those
     weights for ``--tensor-split``, since llama.cpp would otherwise split by the free memory it sees.
+    ``inp.gpus`` lists the devices in llama.cpp's order, remote (RPC) devices first; placement does not
+    tell them apart, ``inp.device_names`` only labels them in messages.
 
 Models without a GPU
     ``gpus = ()`` (the operator's explicit choice: ``gpus = []`` or ``num_gpus = 0``): the model runs on
