@@ -86,6 +86,8 @@ ROUTER_OWNED: Mapping[str, str] = {
     "device": "each replica sees only its model's GPUs (CUDA_VISIBLE_DEVICES/HIP_VISIBLE_DEVICES), "
     "renumbered from 0, so a device name written for the whole machine picks another card or none; "
     "choose GPUs with the `gpus` key of [models.NAME]",
+    "rpc": "declare each rpc-server as [rpc_devices.NAME] (endpoint, memory_mib) and list it in the "
+    "model's `rpc` key, so that placement counts its memory and the endpoint is checked",
     "main-gpu": "each replica sees only its model's GPUs, renumbered from 0, so an index written for the "
     "whole machine picks another card or none; order the model's `gpus` instead (the first is GPU 0 there)",
 }

@@ -34,6 +34,7 @@ from router.config.origins import (
 )
 from router.config.peer_table import parse_peer, remote_names
 from router.config.reference import reference_markdown
+from router.config.rpc_devices import check_model_rpc, parse_rpc_devices
 from router.config.schema import ROUTER_KEYS, TOP_LEVEL_KEYS
 from router.config.tables import (
     Doc,
@@ -57,6 +58,7 @@ from router.config.values import (
     Pricing,
     ReasoningEffort,
     RouterSettings,
+    RpcDeviceConfig,
 )
 
 __all__ = [
@@ -72,6 +74,7 @@ __all__ = [
     "Pricing",
     "ReasoningEffort",
     "RouterSettings",
+    "RpcDeviceConfig",
     "check_gpu_ids",
     "check_model_files",
     "config_dir",
@@ -190,6 +193,9 @@ def config_from_dict(
             raise doc.unknown(str(key), value, TOP_LEVEL_KEYS)
     router = _router(doc, doc.table("router", data.get("router")), env)
     devices = parse_devices(doc, doc.table("devices", data.get("devices")), router.num_gpus)
+    rpc_devices = parse_rpc_devices(
+        doc, doc.table("rpc_devices", data.get("rpc_devices")), allow_public=router.allow_public_rpc
+    )
     model_defaults, default_flags = parse_model_defaults(doc, doc.table("defaults", data.get("defaults")))
     defaults = parse_flags(doc, "defaults", default_flags, in_model=False)
     models_table = doc.table("models", data.get("models"))
@@ -205,6 +211,8 @@ def config_from_dict(
         name: parse_peer(doc, name, raw, models)
         for name, raw in doc.table("peers", data.get("peers")).items()
     }
+    for model in models.values():
+        check_model_rpc(doc, model, rpc_devices)
     pools = {
         name: parse_pool(doc, name, raw, models, remote_names(peers))
         for name, raw in doc.table("pools", data.get("pools")).items()
@@ -214,6 +222,7 @@ def config_from_dict(
         path=Path(path_for_messages),
         router=router,
         devices=devices,
+        rpc_devices=rpc_devices,
         defaults=defaults,
         models=models,
         pools=pools,

@@ -8,7 +8,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from router.config.keyspec import KeySpec
-from router.config.schema import CACHE_TYPES, DEVICE_KEYS, MODEL_KEYS, PEER_KEYS, POOL_KEYS, ROUTER_KEYS
+from router.config.schema import (
+    CACHE_TYPES,
+    DEVICE_KEYS,
+    MODEL_KEYS,
+    PEER_KEYS,
+    POOL_KEYS,
+    ROUTER_KEYS,
+    RPC_DEVICE_KEYS,
+)
 
 
 def _table(specs: Sequence[KeySpec], *, with_env: bool) -> str:
@@ -35,7 +43,7 @@ def reference_markdown() -> str:
     parts = [
         "The file is TOML, or JSON with the same structure when its name ends in `.json`. Relative paths "
         "start at the directory of the config file. In JSON, `null` counts as an absent key. Unknown keys "
-        "in `[router]`, `[devices.N]` and `[pools.NAME]` are errors.",
+        "in `[router]`, `[devices.N]`, `[rpc_devices.NAME]`, `[pools.NAME]` and `[peers.NAME]` are errors.",
         "",
         "### `[router]`",
         "",
@@ -48,6 +56,13 @@ def reference_markdown() -> str:
         "One table per GPU id N (0, 1, ...); all keys optional.",
         "",
         _table(DEVICE_KEYS, with_env=False),
+        "",
+        "### `[rpc_devices.NAME]`",
+        "",
+        "One table per device another machine lends through llama.cpp's `rpc-server` (see Several "
+        "machines); models list the names in their `rpc` key. Both keys are required.",
+        "",
+        _table(RPC_DEVICE_KEYS, with_env=False),
         "",
         "### `[defaults]`",
         "",
@@ -66,7 +81,8 @@ def reference_markdown() -> str:
         "`m`/`model` (use `model`), `c`/`ctx-size` (use `ctx`), `np`/`parallel` (use `parallel`), "
         "`ngl`/`gpu-layers`/`n-gpu-layers` (use `gpu_layers`), `cache-ram`/`-cram` (use the `cram` key), "
         "`fit` (always `--fit off`: weights never spill to the CPU), `api-key`/`api-key-file`, "
-        "`models-dir`/`models-max`, and `device`/`dev` and "
+        "`models-dir`/`models-max`, `rpc` (use `[rpc_devices.NAME]` and the `rpc` key), and "
+        "`device`/`dev` and "
         "`main-gpu`/`mg` (each replica sees only its model's GPUs, renumbered from 0: use `gpus`). "
         "Replicas start in the config file's directory, so relative paths in flag values (`mmproj`, "
         "`model-draft`, ...) start there too. At startup and on every reload each key is checked against "

@@ -14,7 +14,7 @@ from router.config.keyspec import BOOLEAN, INTEGER, NUMBER, PATH, STRING, STRING
 # What llama.cpp accepts for --cache-type-k / --cache-type-v.
 CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
-TOP_LEVEL_KEYS: tuple[str, ...] = ("router", "devices", "defaults", "models", "pools", "peers")
+TOP_LEVEL_KEYS: tuple[str, ...] = ("router", "devices", "defaults", "models", "pools", "peers", "rpc_devices")
 
 ROUTER_KEYS: tuple[KeySpec, ...] = (
     KeySpec("host", STRING, "127.0.0.1", "Address the router listens on.", env="ROUTER_HOST"),
@@ -248,6 +248,14 @@ ROUTER_KEYS: tuple[KeySpec, ...] = (
         0,
     ),
     KeySpec(
+        "allow_public_rpc",
+        BOOLEAN,
+        False,
+        "Accept `[rpc_devices.NAME]` endpoints outside loopback and private address ranges. llama.cpp's RPC "
+        "protocol has no authentication: whoever reaches an rpc-server can run tensors on it and read "
+        "its memory. Leave false unless the path is protected otherwise (a VPN, an SSH tunnel).",
+    ),
+    KeySpec(
         "ctx_floor",
         INTEGER,
         2048,
@@ -341,6 +349,30 @@ DEVICE_KEYS: tuple[KeySpec, ...] = (
     ),
 )
 
+RPC_DEVICE_KEYS: tuple[KeySpec, ...] = (
+    KeySpec(
+        "endpoint",
+        STRING,
+        None,
+        "Where the rpc-server listens, `host:port` (an IPv6 address in brackets: `[fd00::5]:50052`). The "
+        "host must be `localhost` or an IP address in a loopback, private or link-local range unless "
+        "`router.allow_public_rpc` is true; host names other than `localhost` are refused (a name can "
+        "resolve anywhere).",
+        required=True,
+        rule='"host:port" with a loopback, private or link-local IP address (or localhost) and a port '
+        "between 1 and 65535",
+    ),
+    KeySpec(
+        "memory_mib",
+        INTEGER,
+        None,
+        "Memory of the remote device in MiB that placement may plan on (the router cannot read it); "
+        "`router.gpu_reserve_mib` is kept free on it as on a local GPU.",
+        1,
+        required=True,
+    ),
+)
+
 # Model keys that [defaults] may also set; a model's own value wins.
 DEFAULTABLE_MODEL_KEYS: tuple[str, ...] = ("cram",)
 
@@ -365,6 +397,16 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
         "`num_gpus = 0` that is the default.",
         rule='"all", -1, a GPU id, [] (CPU only), or a list of distinct GPU ids >= 0 (below `num_gpus` '
         "when set)",
+    ),
+    KeySpec(
+        "rpc",
+        STRING_LIST,
+        (),
+        "Names of `[rpc_devices.NAME]` a replica spans besides its `gpus` (with `gpus = []`: only "
+        "them); the layers are split over the RPC devices and the GPUs by their budgets. An rpc-server "
+        "serves one client at a time, so a model with `rpc` has one replica (`num_instance = 1`).",
+        default_text="[]",
+        rule="a list of distinct names of [rpc_devices.NAME] tables",
     ),
     KeySpec("num_instance", INTEGER, 1, "Replicas of this model that may run at once.", 1),
     KeySpec("parallel", INTEGER, 1, "Slots per replica (llama-server `-np`).", 1),

@@ -71,6 +71,21 @@ class DeviceConfig:
     memory_mib: int | None = None
 
 
+@attrs.frozen
+class RpcDeviceConfig:
+    """``[rpc_devices.NAME]``: a device another machine exposes through llama.cpp's rpc-server.
+
+    ``endpoint`` is written as in the file (``host:port``), ``host`` and ``port`` are its parts (an IPv6
+    host without brackets); ``memory_mib`` is the declared memory placement plans on.
+    """
+
+    name: str
+    endpoint: str
+    host: str
+    port: int
+    memory_mib: int
+
+
 def _tuple(value: Iterable[Any]) -> tuple[Any, ...]:
     return tuple(value)
 
@@ -87,7 +102,8 @@ class ModelConfig:
     """``[models.NAME]``.
 
     ``path`` is the GGUF file (the ``model`` key). ``gpus`` is a sorted tuple of distinct ids or
-    :data:`ALL_GPUS`. ``ctx`` None means automatic; ``gpu_layers`` None means placement's choice;
+    :data:`ALL_GPUS`; ``rpc`` names ``[rpc_devices.NAME]`` tables in the order written. ``ctx`` None
+    means automatic; ``gpu_layers`` None means placement's choice;
     ``ttl`` None means never unloaded for idleness; ``cram`` (MiB of host-memory prompt cache per
     replica, ``[defaults]`` already applied) None means sized by placement. ``extra_args`` holds every
     other key of the table as (key as written, value) pairs in file order: llama-server flags, rendered by
@@ -97,6 +113,7 @@ class ModelConfig:
     name: str
     path: Path
     gpus: GpuSelection = attrs.field(default=(0,), converter=_gpus)
+    rpc: tuple[str, ...] = attrs.field(default=(), converter=_tuple)
     num_instance: int = 1
     parallel: int = 1
     ctx: int | None = None
@@ -182,6 +199,7 @@ class RouterSettings:
     history_max_rows: int = _router_default("history_max_rows")
     history_max_age_days: float = _router_default("history_max_age_days")
     gpu_reserve_mib: int = _router_default("gpu_reserve_mib")
+    allow_public_rpc: bool = _router_default("allow_public_rpc")
     ctx_floor: int = _router_default("ctx_floor")
     ctx_default: int = _router_default("ctx_default")
     log_lines: int = _router_default("log_lines")
@@ -196,11 +214,13 @@ class RouterSettings:
 
 @attrs.frozen
 class Config:
-    """A whole validated configuration. ``devices`` is keyed by GPU id, ``models``/``pools`` by name."""
+    """A whole validated configuration. ``devices`` is keyed by GPU id; ``rpc_devices``, ``models`` and
+    ``pools`` by name, in file order."""
 
     path: Path
     router: RouterSettings = attrs.field(factory=RouterSettings)
     devices: FrozenMap[int, DeviceConfig] = attrs.field(factory=FrozenMap, converter=_frozen_map)
+    rpc_devices: FrozenMap[str, RpcDeviceConfig] = attrs.field(factory=FrozenMap, converter=_frozen_map)
     defaults: FrozenMap[str, FlagValue] = attrs.field(factory=FrozenMap, converter=_frozen_map)
     models: FrozenMap[str, ModelConfig] = attrs.field(factory=FrozenMap, converter=_frozen_map)
     pools: FrozenMap[str, PoolConfig] = attrs.field(factory=FrozenMap, converter=_frozen_map)

@@ -24,8 +24,9 @@ from router.config.load import Config, ConfigError, config_dir, resolve_gpus
 from router.config.source import ConfigSource
 from router.deploy.launch import ModelDecision, default_decision, gpu_ids
 from router.deploy.memory_flags import flash_attn, memory_flags
+from router.deploy.rpc_devices import model_devices, rpc_devices
 from router.hosts.gpu_monitor import GpuMonitor, Ours
-from router.placement.budgets import gather_budgets, host_budget
+from router.placement.budgets import DeviceBudget, gather_budgets, host_budget
 from router.placement.footprint import CPU
 from router.placement.model_plan import ModelPlan, PlacementInput
 from router.placement.plan import format_plan_table, plan_document, plan_models
@@ -44,10 +45,11 @@ def placement_inputs(config: Config, ids: tuple[int, ...]) -> list[PlacementInpu
     and the model's table (``router.deploy.memory_flags``). Relative ``mmproj`` and ``model-draft`` paths
     start from the config file's folder, like ``model``."""
     base_dir = config_dir(config)
+    names = {d.id: d.label for d in rpc_devices(config)}
     inputs = []
     for name, model in config.models.items():
         k, v = cache_types(model, config.defaults)
-        gpus = resolve_gpus(model, ids)
+        gpus = model_devices(config, model, resolve_gpus(model, ids))  # RPC devices first, as llama.cpp
         flags = memory_flags(config.defaults, model.extra_args, n_gpus=len(gpus), base_dir=base_dir)
         inputs.append(
             PlacementInput(
@@ -63,6 +65,7 @@ def placement_inputs(config: Config, ids: tuple[int, ...]) -> list[PlacementInpu
                 ctx_floor=config.router.ctx_floor,
                 ctx_default=config.router.ctx_default,
                 cram=model.cram,
+                device_names={d: names[d] for d in gpus if d in names},
                 **flags.as_kwargs(),
             )
         )
@@ -102,7 +105,8 @@ def _decision(config: Config, plan: ModelPlan, budgets: Mapping[int, int | None]
 def plan(
     config: Config, monitor: GpuMonitor | None = None, ours: Ours | None = None
 ) -> tuple[tuple[int, ...], dict[int, int | None], dict[str, ModelDecision], dict[str, Any]]:
-    """GPU ids, their budgets (bytes), the decision per model, and the versioned plan document.
+    """GPU ids, the budgets (bytes) of the GPUs and RPC devices, the decision per model, and the versioned
+    plan document.
 
     ``monitor`` reads the GPUs (a fresh one when None); ``ours`` tells it which processes on each GPU are
     this router's replicas, so that a plan made while they run (a reload) sees the same budgets.
@@ -120,11 +124,14 @@ def plan(
     gpus = {device: b for device, b in budgets.items() if isinstance(device, int)}
     ids = gpu_ids(config, len(gpus))
     inputs = placement_inputs(config, ids)
+    for rpc in rpc_devices(config):
+        budgets[rpc.id] = DeviceBudget(device=rpc.id, name=rpc.label, declared=rpc.budget, kind="rpc")
     budgets[CPU] = host_budget()  # CPU-only models are planned against it; prompt caches live there
     plans = plan_models(inputs, budgets, config.router.gpu_reserve_mib * MIB)
     scheduler_budgets = {gpu: gpus[gpu].budget if gpu in gpus else None for gpu in ids}
+    scheduler_budgets.update({rpc.id: rpc.budget for rpc in rpc_devices(config)})
     decisions = {p.name: _decision(config, p, scheduler_budgets) for p in plans}
-    used = {gpu for inp in inputs for gpu in inp.gpus}
+    used = {gpu for inp in inputs for gpu in inp.gpus if gpu in ids}
     for gpu in sorted(used):
         if scheduler_budgets.get(gpu) is None:
             log.warning(

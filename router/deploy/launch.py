@@ -13,6 +13,7 @@ import attrs
 from router.config.llama_args import llama_server_argv
 from router.config.load import Config, ConfigError, resolve_gpus
 from router.config.values import ModelConfig
+from router.deploy.rpc_devices import exclusive_need, model_devices, rpc_argv, rpc_devices
 from router.placement.prompt_cache import CRAM_MIN_MIB
 from statemachine import DeviceSpec, ModelSpec, Policy, PoolSpec, Settings
 
@@ -22,7 +23,12 @@ ALL_LAYERS = 999
 
 @attrs.frozen
 class ModelLaunch:
-    """How replicas of one model start: every value already decided (``cram_mib``: ``--cache-ram``)."""
+    """How replicas of one model start: every value already decided (``cram_mib``: ``--cache-ram``).
+
+    ``gpus`` are the local GPUs (masked for the replica); ``rpc`` the words that reach its RPC devices
+    (``--rpc host:port,...``, empty without any). ``tensor_split`` is in llama.cpp's device order: RPC
+    devices first, then the GPUs.
+    """
 
     model: ModelConfig
     binary: str
@@ -32,6 +38,7 @@ class ModelLaunch:
     gpu_layers: int
     tensor_split: tuple[int, ...] = ()
     cram_mib: int | None = None
+    rpc: tuple[str, ...] = ()
 
     @property
     def ctx_per_slot(self) -> int:
@@ -47,6 +54,7 @@ class ModelLaunch:
             gpu_layers=self.gpu_layers,
             cache_ram_mib=self.cram_mib,
         )
+        argv += self.rpc
         if not any(a in ("-a", "--alias") for a in argv):
             argv += ["--alias", self.model.name]  # replies name the model as clients know it
         if len(self.tensor_split) > 1 and not any(a in ("-ts", "--tensor-split") for a in argv):
@@ -84,7 +92,7 @@ def default_decision(model: ModelConfig) -> ModelDecision:
     """What a model starts with when placement has no prediction: its own settings, else every layer on
     its GPUs (none for a CPU-only model), the default context and the smallest automatic prompt cache."""
     layers = ALL_LAYERS if model.gpu_layers is None else model.gpu_layers
-    if model.gpus == ():
+    if model.gpus == () and not model.rpc:
         layers = 0
     cram = CRAM_MIN_MIB if model.cram is None else model.cram
     return ModelDecision(ctx=model.ctx or DEFAULT_CTX, gpu_layers=layers, cram_mib=cram)
@@ -105,6 +113,7 @@ def launches(
             gpu_layers=decision.gpu_layers,
             tensor_split=decision.tensor_split,
             cram_mib=decision.cram_mib,
+            rpc=rpc_argv(config, model),
         )
     return out
 
@@ -115,19 +124,23 @@ def scheduler_settings(
     decisions: Mapping[str, ModelDecision],
     budgets: Mapping[int, int | None],
 ) -> Settings:
+    """The scheduler's static inputs. A model's devices are its RPC devices (ids from
+    ``router.deploy.rpc_devices``) and its GPUs; an RPC device's need is its whole budget (one client at a
+    time)."""
     fallback_members = {m for p in config.pools.values() if p.fallback for m in p.members}
     models = []
     for name, model in config.models.items():
         decision = decisions.get(name) or default_decision(model)
         pooled = name in fallback_members
+        devices = model_devices(config, model, resolve_gpus(model, ids))
         models.append(
             ModelSpec(
                 name=name,
-                gpus=resolve_gpus(model, ids),
+                gpus=devices,
                 replicas=model.num_instance,
                 slots=model.parallel,
                 ctx_per_slot=decision.ctx // max(1, model.parallel),
-                need=dict(decision.need),
+                need=exclusive_need(decision.need, devices, budgets),
                 pinned=model.pinned or pooled,
                 ttl=model.ttl,
                 load_on_startup=model.load_on_startup or pooled,
@@ -140,6 +153,7 @@ def scheduler_settings(
         for p in config.pools.values()
     ]
     devices = [DeviceSpec(g, budgets.get(g)) for g in ids]
+    devices += [DeviceSpec(rpc.id, rpc.budget) for rpc in rpc_devices(config)]
     r = config.router
     policy = Policy(
         max_models_per_gpu=r.max_models_per_gpu,
@@ -157,7 +171,21 @@ def check_pinned(config: Config, settings: Settings) -> None:
     """Refuse a configuration whose pinned models (pinned, or members of fallback pools) cannot all stay
     resident: more on one GPU than ``max_models_per_gpu``, or more predicted bytes than its budget."""
     cap = settings.policy.max_models_per_gpu
+    rpc_ids = set()
+    for rpc in rpc_devices(config):
+        rpc_ids.add(rpc.id)
+        pinned = [m.name for m in settings.models.values() if m.pinned and rpc.id in m.gpus]
+        if len(pinned) > 1:
+            raise ConfigError(
+                config.path,
+                f"models pinned to rpc_devices.{rpc.name} ({', '.join(pinned)}; members of fallback pools "
+                "count as pinned) cannot stay loaded together: an rpc-server serves one client at a time, "
+                "so one replica holds the device; unpin all but one or give them other devices",
+                key=f"rpc_devices.{rpc.name}",
+            )
     for device in sorted(settings.devices.values(), key=lambda d: d.id):
+        if device.id in rpc_ids:
+            continue
         pinned = [m for m in settings.models.values() if m.pinned and device.id in m.gpus]
         names = ", ".join(m.name for m in pinned)
         if len(pinned) > cap:

@@ -45,7 +45,8 @@ Draft model
 
 Refused
     Besides those above: ``lora``/``lora-scaled`` (adapter weights beside the model), every
-    ``control-vector*`` flag, and ``rpc`` (layers on remote devices placement does not see). A value
+    ``control-vector*`` flag, and ``rpc`` (layers on remote devices placement does not see; a validated
+    configuration never carries it: ``[rpc_devices.NAME]`` and the model's ``rpc`` key are the way). A value
     llama-server would not accept for a flag read here (``ub = "big"``) is refused too, naming the flag.
 """
 

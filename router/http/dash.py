@@ -1,9 +1,10 @@
 """What the router shows about itself: /metrics, /history, the /dash page and its timeline, /chat/{model}.
 
 ``start_observers`` creates the request history, the GPU sampler and the metrics of a router and starts
-their tasks; ``register_dash`` adds their HTTP routes to the app. Requests refused before admission (no
-such model, bad JSON, missing API key, body too large) never reach the proxy; an ``after_request`` hook
-records them so that the history and the request counters see every API call.
+their tasks (and the probe of its rpc-servers); ``register_dash`` adds their HTTP routes to the app.
+Requests refused before admission (no such model, bad JSON, missing API key, body too large) never reach
+the proxy; an ``after_request`` hook records them so that the history and the request counters see every
+API call.
 
 Routes:
 
@@ -40,6 +41,7 @@ from router.http.upstream import UpstreamPool
 from router.journal.history import History, HistoryQuery, status_range
 from router.observe.gpu_sampler import GpuSampler
 from router.observe.metrics import CONTENT_TYPE, RouterMetrics
+from router.observe.rpc_status import held_endpoints, rpc_endpoints
 from router.shell.runtime import Router
 from statemachine import queries
 
@@ -49,6 +51,7 @@ _FILES = {
     "dash.js": "text/javascript; charset=utf-8",
     "dash.css": "text/css; charset=utf-8",
     "dash-plan.js": "text/javascript; charset=utf-8",
+    "dash-rpc.js": "text/javascript; charset=utf-8",
 }
 _FORWARDED = frozenset(FORWARDED)
 
@@ -79,6 +82,7 @@ async def start_observers(
     metrics = RouterMetrics(router, client=client, history=history, sampler=sampler)
     await nursery.start(history.run)
     await nursery.start(sampler.run)
+    await nursery.start(router.rpc_probe.run, lambda: rpc_endpoints(router), lambda: held_endpoints(router))
     return Observers(history, sampler, metrics)
 
 

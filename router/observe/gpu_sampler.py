@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 import trio
 
+from router.deploy.rpc_devices import is_rpc, local_gpus
 from router.hosts.gpu_readers import GpuReading
 from router.shell.runtime import Router
 from statemachine import queries, replica_state
@@ -61,6 +62,8 @@ def gpu_points(
     state = router.state
     points = []
     for device in sorted(state.settings.devices.values(), key=lambda d: d.id):
+        if is_rpc(device.id):
+            continue  # RPC devices have their own section in /status
         residents = tuple(sorted((r.model, replica_state(r)) for r in state.replicas if device.id in r.gpus))
         reading = readings.get(device.id)
         points.append(
@@ -152,7 +155,11 @@ class GpuSampler:
     def timeline(self, since: float | None = None) -> dict[str, Any]:
         """The kept samples newer than ``since`` (wall-clock seconds), one column per field and GPU."""
         chosen = [s for s in self.samples if since is None or s.at > since]
-        ids = [p.gpu for p in chosen[-1].gpus] if chosen else sorted(self.router.state.settings.devices)
+        ids = (
+            [p.gpu for p in chosen[-1].gpus]
+            if chosen
+            else sorted(local_gpus(self.router.state.settings.devices))
+        )
         gpus = []
         for index, gpu in enumerate(ids):
             points = [s.gpus[index] for s in chosen if index < len(s.gpus)]

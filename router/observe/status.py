@@ -9,6 +9,8 @@ import attrs
 import trio
 
 from router.config.load import Config, resolve_name
+from router.deploy.rpc_devices import is_rpc, local_gpus
+from router.observe.rpc_status import rpc_device_entries
 from router.shell.runtime import Router
 from statemachine import ModelState, ReplicaPhase, State, model_state, queries, replica_state
 
@@ -57,7 +59,7 @@ def model_entry(config: Config, router: Router, name: str, created: int) -> dict
         "created": created,
         "owned_by": "llama-router",
         "state": model_state(state, name),
-        "gpus": list(state.settings.models[name].gpus),
+        "gpus": list(local_gpus(state.settings.models[name].gpus)),
         "aliases": list(model.aliases),
         "parallel": model.parallel,
         "ctx": router.launches[name].ctx,
@@ -65,6 +67,8 @@ def model_entry(config: Config, router: Router, name: str, created: int) -> dict
         "slots": model.parallel * model.num_instance,
         "ctx_per_slot": router.launches[name].ctx_per_slot,
     }
+    if model.rpc:
+        entry["rpc_devices"] = list(model.rpc)
     if model.pricing is not None:
         entry["pricing"] = {k: v for k, v in attrs.asdict(model.pricing).items() if v is not None}
     if model.reasoning_effort is not None:
@@ -191,7 +195,8 @@ def status_document(config: Config, router: Router) -> dict[str, Any]:
             {
                 "id": r.id,
                 "model": r.model,
-                "gpus": list(r.gpus),
+                "gpus": list(local_gpus(r.gpus)),
+                "rpc_devices": list(config.models[r.model].rpc) if r.model in config.models else [],
                 "state": replica_state(r),
                 "in_flight": len(r.inflight),
                 "slots": state.settings.models[r.model].slots,
@@ -202,7 +207,7 @@ def status_document(config: Config, router: Router) -> dict[str, Any]:
                 "log_url": f"/logs/{r.id}",
             }
         )
-    gpus = [gpu_entry(router, gpu) for gpu in sorted(state.settings.devices)]
+    gpus = [gpu_entry(router, gpu) for gpu in sorted(state.settings.devices) if not is_rpc(gpu)]
     pools = [
         {
             "name": name,
@@ -218,6 +223,7 @@ def status_document(config: Config, router: Router) -> dict[str, Any]:
             for q in waiting
         ],
         "gpus": gpus,
+        "rpc_devices": rpc_device_entries(router),
         "replicas": replicas,
         "pools": pools,
         "peers": peers_entry(router),

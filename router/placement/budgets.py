@@ -89,7 +89,8 @@ class DeviceBudget:
     foreign) come from the driver or /proc/meminfo (None when not measured); ``foreign`` and ``ours`` split
     the memory in use (None when not measured); ``method`` says how (see :func:`measure`; ``"host"`` for the
     CPU); ``declared`` is ``[devices.N] memory_mib`` in bytes. ``reader`` names the driver interface the
-    reading came from (``nvml``, ``amdsmi``, ``sysfs``).
+    reading came from (``nvml``, ``amdsmi``, ``sysfs``). ``kind`` overrides the kind the plan document
+    derives from the id (``"rpc"`` for a device another machine lends; empty: ``gpu`` or ``cpu``).
     """
 
     device: int | str
@@ -102,6 +103,7 @@ class DeviceBudget:
     ours: int | None = None
     method: str = ""
     reader: str = ""
+    kind: str = ""
 
     @property
     def budget(self) -> int | None:

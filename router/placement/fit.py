@@ -40,6 +40,8 @@ Context
 Several GPUs
     Layers are split in proportion to the GPUs' budgets; ``ModelPlan.tensor_split`` carries those
     weights for ``--tensor-split``, since llama.cpp would otherwise split by the free memory it sees.
+    ``inp.gpus`` lists the devices in llama.cpp's order, remote (RPC) devices first; placement does not
+    tell them apart, ``inp.device_names`` only labels them in messages.
 
 Models without a GPU
     ``gpus = ()`` (the operator's explicit choice: ``gpus = []`` or ``num_gpus = 0``): the model runs on
@@ -79,7 +81,10 @@ __all__ = ["decide", "plan_model"]
 MiB = 1 << 20
 
 
-def _rows(fp: Footprint, budgets: Mapping[Device, int | None]) -> tuple[DeviceRow, ...]:
+def _rows(
+    fp: Footprint, budgets: Mapping[Device, int | None], names: Mapping[int, str] | None = None
+) -> tuple[DeviceRow, ...]:
+    names = names or {}
     return tuple(
         DeviceRow(
             device=d.device,
@@ -94,6 +99,7 @@ def _rows(fp: Footprint, budgets: Mapping[Device, int | None]) -> tuple[DeviceRo
             budget=budgets.get(d.device),
             draft=d.draft,
             projector=d.projector,
+            name=names.get(d.device, "") if isinstance(d.device, int) else "",
         )
         for d in fp.devices
     )
@@ -110,7 +116,7 @@ def _plan(
     ctx: int | None,
     cpu_only: bool,
 ) -> ModelPlan:
-    rows = _rows(fp, budgets)
+    rows = _rows(fp, budgets, inp.device_names)
     need = {} if cpu_only else {int(r.device): r.total for r in rows}
     state = sequence_cost(
         geometry,
@@ -233,8 +239,11 @@ def decide(
             fp = add_projector(fp, extras.projector, offload=inp.mmproj_offload, flash_attn=inp.flash_attn)
         return fp
 
+    def rows_of(fp: Footprint) -> tuple[DeviceRow, ...]:
+        return _rows(fp, budgets, inp.device_names)
+
     def fits(fp: Footprint) -> bool:
-        return not over_budget(_rows(fp, budgets), replicas)
+        return not over_budget(rows_of(fp), replicas)
 
     def plan(verdict: str, message: str, fp: Footprint, ctx: int | None) -> ModelPlan:
         return _plan(inp, geometry, verdict, message, fp, budgets, ctx=ctx, cpu_only=cpu_only)
@@ -260,7 +269,7 @@ def decide(
                 "and no [devices.N] memory_mib is declared: every layer is offloaded "
                 f"and ctx is {ctx} ({'as configured' if inp.ctx is not None else 'ctx_default'}); "
                 "predicted need: "
-                + "; ".join(f"{r.label} ~{gib(r.total)} GiB" for r in _rows(fp, budgets))
+                + "; ".join(f"{r.label} ~{gib(r.total)} GiB" for r in rows_of(fp))
                 + ". Declare the GPU's memory to plan against it."
             )
             return plan("unknown-budget", msg, fp, ctx)
@@ -268,7 +277,7 @@ def decide(
         override = bool(settings)
         if inp.ctx is not None:
             fp = run(inp.ctx)
-            message = override_message(inp, settings, _rows(fp, budgets), inp.ctx, replicas)
+            message = override_message(inp, settings, rows_of(fp), inp.ctx, replicas)
             return plan("override", message, fp, inp.ctx)
 
         # The largest candidate context between the floor and the trained context whose footprint fits.
@@ -276,9 +285,9 @@ def decide(
         if not fits(fp_floor):
             ctx = lo * step
             if override:
-                message = override_message(inp, settings, _rows(fp_floor, budgets), ctx, replicas)
+                message = override_message(inp, settings, rows_of(fp_floor), ctx, replicas)
                 return plan("override", message, fp_floor, ctx)
-            rows = over_budget(_rows(fp_floor, budgets), replicas)
+            rows = over_budget(rows_of(fp_floor), replicas)
             msg = (
                 shortfall(inp.name, rows, ctx, replicas)
                 + ": choose a smaller quant or context, or free "
@@ -295,7 +304,7 @@ def decide(
                 hi = mid - 1
         ctx = best * step
         where = ", ".join(
-            f"{r.label} {gib(r.total * replicas)}/{gib(r.budget)} GiB" for r in _rows(best_fp, budgets)
+            f"{r.label} {gib(r.total * replicas)}/{gib(r.budget)} GiB" for r in rows_of(best_fp)
         )
         note = f"{inp.name}: {ctx} ctx ({best * 256} per slot) fits: {where}"
         if replicas > 1:

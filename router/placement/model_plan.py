@@ -41,7 +41,9 @@ class PlacementInput:
     kept in host memory) with ``host_flags`` (the flags as written, for messages), ``mmproj`` and
     ``mmproj_offload``, ``draft``; ``unsupported`` lists the flags placement cannot model, each with the
     reason, and makes the verdict "refused". ``cram`` is the configured prompt-cache size in MiB per
-    replica (None: automatic, see ``router.placement.prompt_cache``).
+    replica (None: automatic, see ``router.placement.prompt_cache``). ``device_names`` labels devices in
+    messages (a remote device, say) where "GPU N" would mislead; ``gpus`` lists every device in the order
+    llama.cpp numbers them, which is the order the layers are split in.
     """
 
     name: str
@@ -70,6 +72,7 @@ class PlacementInput:
     draft: DraftInput | None = None
     unsupported: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     cram: int | None = None
+    device_names: FrozenMap[int, str] = attrs.field(factory=FrozenMap, converter=FrozenMap)
 
 
 @attrs.frozen
@@ -77,7 +80,7 @@ class DeviceRow:
     """Per-replica prediction for one device, with its budget (None: unknown). Bytes throughout.
 
     ``draft`` and ``projector`` are the parts of ``total`` a draft model and a projector take (already
-    inside weights, kv, recurrent and compute)."""
+    inside weights, kv, recurrent and compute). ``name`` replaces "GPU N" in messages when set."""
 
     device: Device
     layers: int
@@ -91,9 +94,12 @@ class DeviceRow:
     budget: int | None
     draft: int = 0
     projector: int = 0
+    name: str = ""
 
     @property
     def label(self) -> str:
+        if self.name:
+            return self.name
         return "CPU" if self.device == CPU else f"GPU {self.device}"
 
 

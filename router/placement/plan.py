@@ -52,7 +52,7 @@ def _device_entry(device: Device, value: Any) -> dict[str, Any]:
     if isinstance(value, DeviceBudget):
         return {
             "id": device,
-            "kind": "cpu" if device == CPU else "gpu",
+            "kind": value.kind or ("cpu" if device == CPU else "gpu"),
             "name": value.name,
             "bus_id": value.bus_id,
             "total_bytes": value.total,
@@ -127,7 +127,8 @@ def plan_document(plans: Sequence[ModelPlan], devices: Mapping[Device, Any]) -> 
     """The versioned, JSON-able plan: ``{"version": 1, "devices": [...], "models": [...]}``.
 
     ``devices`` (one entry per device, GPUs by id then ``"cpu"``):
-        ``id`` GPU id (int) or ``"cpu"``; ``kind`` ``"gpu"`` or ``"cpu"``; ``name`` and ``bus_id`` (PCI)
+        ``id`` GPU id (int; an RPC device's scheduler id) or ``"cpu"``; ``kind`` ``"gpu"``, ``"rpc"`` or
+        ``"cpu"``; ``name`` and ``bus_id`` (PCI)
         as the driver reports them; ``total_bytes`` memory reported by the driver or /proc/meminfo;
         ``available_bytes`` what this router may use (total minus ``foreign_bytes``, the memory other
         processes and the driver hold; ``ours_bytes`` is what our own replicas hold); ``method`` how
@@ -193,6 +194,19 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
     return [line(header), line(["-" * w for w in widths]), *(line(r) for r in rows)]
 
 
+def _device_label(device: Mapping[str, Any]) -> str:
+    if device["id"] == CPU:
+        return "CPU"
+    return f"RPC {device['id']}" if device.get("kind") == "rpc" else f"GPU {device['id']}"
+
+
+def _row_label(row: Mapping[str, Any], kinds: Mapping[Any, Any]) -> str:
+    device = row["device"]
+    if device == CPU:
+        return "CPU"
+    return f"RPC {device}" if kinds.get(device) == "rpc" else f"GPU {device}"
+
+
 def _cram(model: Mapping[str, Any]) -> str:
     mib = model.get("cram_mib")
     if mib is None:
@@ -207,7 +221,7 @@ def format_plan_table(doc: Mapping[str, Any]) -> str:
     out: list[str] = []
     dev_rows = [
         [
-            "CPU" if d["id"] == CPU else f"GPU {d['id']}",
+            _device_label(d),
             d["name"] or "",
             _gib(d["total_bytes"]),
             _gib(d["available_bytes"]),
@@ -223,6 +237,7 @@ def format_plan_table(doc: Mapping[str, Any]) -> str:
     out += _table(header, dev_rows, {2, 3, 4, 5, 6})
     out.append("")
     out.append("Models (GiB per replica)")
+    kinds = {d["id"]: d.get("kind") for d in doc["devices"]}
     rows = []
     for m in doc["models"]:
         devs = m["devices"] or [None]
@@ -235,7 +250,7 @@ def format_plan_table(doc: Mapping[str, Any]) -> str:
                     (str(m["ctx"]) if m["ctx"] is not None else "-") if first else "",
                     (str(m["ctx_per_slot"]) if m["ctx_per_slot"] is not None else "-") if first else "",
                     (str(m["gpu_layers"]) if m["gpu_layers"] is not None else "-") if first else "",
-                    "-" if d is None else ("CPU" if d["device"] == CPU else f"GPU {d['device']}"),
+                    "-" if d is None else _row_label(d, kinds),
                     "-" if d is None else _gib(d["weights_bytes"]),
                     "-" if d is None else _gib(d["kv_bytes"] + d["recurrent_bytes"]),
                     "-" if d is None else _gib(d["compute_bytes"]),

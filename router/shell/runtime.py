@@ -25,6 +25,7 @@ from router.config.source import ConfigSource
 from router.deploy.deployment import Deployment
 from router.deploy.launch import ModelLaunch
 from router.deploy.peer_settings import with_peers
+from router.deploy.rpc_devices import local_gpus
 from router.hosts.gpu_monitor import GpuMonitor, Ours
 from router.journal.records import RequestRecord
 from router.shell.kv_policy import kv_launch, saves_before_stop
@@ -44,6 +45,7 @@ from router.shell.processes import (
     SupervisorFactory,
 )
 from router.shell.replica_logs import ReplicaLogs
+from router.shell.rpc_probe import RpcProbe
 from router.shell.supervisor import Supervisor
 from router.shell.ticket import Ticket, TicketPhase, record_of
 from statemachine import (
@@ -141,6 +143,7 @@ class Router:
         else:
             self.supervisor = supervisor(self._from_supervisor)
         self.kv_store = KvStore(router.kv_store_dir, router.kv_store_mib << 20)
+        self.rpc_probe = RpcProbe()  # whether each rpc-server answers (probed by the observers)
         self.tickets: dict[int, Ticket] = {}
         self.ports: dict[int, int] = {}
         self.happenings: collections.deque[Happening] = collections.deque(maxlen=200)
@@ -379,7 +382,7 @@ class Router:
             replica_id=command.replica,
             model=command.model,
             argv=argv,
-            env=gpu_env(command.gpus),
+            env=gpu_env(local_gpus(command.gpus)),  # RPC devices are reached by --rpc, never masked
             port=port,
             load_timeout=self.load_timeout,
             stop_timeout=self.stop_timeout,

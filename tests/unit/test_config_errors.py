@@ -146,7 +146,7 @@ def test_unknown_top_level_table() -> None:
     message = str(error_of(setter("modles", {})))
     assert message == (
         f"config error in {FILE}: modles = {{}} is not a known key; allowed keys: router, devices, defaults, "
-        "models, pools, peers"
+        "models, pools, peers, rpc_devices"
     )
 
 

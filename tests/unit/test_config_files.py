@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from router.config.load import ConfigError, config_from_dict, load_config, read_api_keys
-from router.config.schema import DEVICE_KEYS, MODEL_KEYS, POOL_KEYS, ROUTER_KEYS
+from router.config.schema import DEVICE_KEYS, MODEL_KEYS, POOL_KEYS, ROUTER_KEYS, RPC_DEVICE_KEYS
 from tests.unit.config_builders import base
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,6 +26,7 @@ def test_the_example_loads_and_sets_every_key() -> None:
     data = tomllib.loads(EXAMPLE.read_text())
     assert set(data["router"]) == {spec.name for spec in ROUTER_KEYS}
     assert set(data["devices"]["0"]) == {spec.name for spec in DEVICE_KEYS}
+    assert set(data["rpc_devices"]["box"]) == {spec.name for spec in RPC_DEVICE_KEYS}
     assert {spec.name for spec in MODEL_KEYS} <= set(data["models"]["qwen"])
     assert set(data["pools"]["chat"]) == {spec.name for spec in POOL_KEYS}
 

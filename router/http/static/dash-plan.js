@@ -3,6 +3,7 @@
 // "refused: ..."). The plan changes only at start-up and on a reload, so it is read now and then.
 (() => {
   const PLAN_MS = 30000;
+  const RPC_BASE = 1000; // RPC devices' ids in the plan start here (router/deploy/rpc_devices.py)
   const KEY_STORE = "llama-router-key"; // the dashboard's key (dash.js asks for it on 401)
   const $ = (id) => document.getElementById(id);
 
@@ -17,9 +18,14 @@
 
   function whereWords(m) {
     const devices = Object.keys(m.need_by_gpu || {});
-    const gpus = devices.filter((d) => d !== "cpu").map(Number).sort((a, b) => a - b);
-    if (!gpus.length) return devices.length ? "the CPU" : null;
-    return (gpus.length === 1 ? "GPU " : "GPUs ") + gpus.join(", ");
+    const ids = devices.filter((d) => d !== "cpu").map(Number).sort((a, b) => a - b);
+    const gpus = ids.filter((d) => d < RPC_BASE);
+    const rpc = ids.length - gpus.length;
+    const parts = [];
+    if (gpus.length) parts.push((gpus.length === 1 ? "GPU " : "GPUs ") + gpus.join(", "));
+    if (rpc) parts.push(rpc === 1 ? "an RPC device" : `${rpc} RPC devices`);
+    if (!parts.length) return devices.length ? "the CPU" : null;
+    return parts.join(" and ");
   }
 
   // One model's verdict as a sentence.
