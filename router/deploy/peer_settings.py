@@ -1,7 +1,8 @@
 """The scheduler's settings with the peers' models in them: what ``[peers.NAME]`` lists or discovery found.
 
 A peer model is a ``ModelSpec`` with ``peer`` set and no GPUs: it is never loaded here. A name served here
-already (a local model, or an earlier peer's model) keeps its first owner. Pools are rebuilt from the
+already keeps its owner: a local model or pool, then a peer that lists it, then the first peer that
+discovered it. Pools are rebuilt from the
 configuration with the members that exist now, so a pool whose peer member is not known yet (its peer has
 not been reached) serves with its local members meanwhile.
 """
@@ -30,13 +31,17 @@ class PeerModels:
 
 
 def peer_models(config: Config, found: Mapping[str, PeerModels]) -> dict[str, str]:
-    """Model name → the peer that serves it, in the configuration's order of peers."""
+    """Model name → the peer that serves it: the peers that list it in the configuration first, then those
+    that discovered it, each in the file's order (so a discovery never takes a listed model away)."""
     owner: dict[str, str] = {}
-    for peer in config.peers.values():
-        names = peer.models or found.get(peer.name, PeerModels()).names
+    listed = [(p.name, p.models) for p in config.peers.values() if p.models]
+    discovered = [
+        (p.name, found.get(p.name, PeerModels()).names) for p in config.peers.values() if not p.models
+    ]
+    for peer, names in (*listed, *discovered):
         for name in names:
             if name not in config.models and name not in config.pools and name not in owner:
-                owner[name] = peer.name
+                owner[name] = peer
     return owner
 
 

@@ -371,6 +371,7 @@ class _StateCollector(Collector):
         yield from self._queue()
         yield from self._replicas()
         yield from self._gpus()
+        yield from self._peers()
         yield from self._history()
         yield from self.metrics._replica_families
 
@@ -425,6 +426,30 @@ class _StateCollector(Collector):
         yield replicas
         yield in_use
         yield slots
+
+    def _peers(self) -> Iterator[Metric]:
+        router = self.metrics.router
+        state = router.state
+        up = GaugeMetricFamily(
+            "llama_router_peer_up",
+            "1 while the peer answers its /v1/models read (0 before the first answer).",
+            labels=["peer"],
+        )
+        forwarded = GaugeMetricFamily(
+            "llama_router_peer_in_flight", "Requests forwarded to the peer and not finished.", labels=["peer"]
+        )
+        limit = GaugeMetricFamily(
+            "llama_router_peer_max_in_flight", "Most requests forwarded to the peer at once.", labels=["peer"]
+        )
+        for name in sorted(state.settings.peers):
+            status = router.peers.status.get(name)
+            answers = status is not None and status.up is True and name not in state.peers_down
+            up.add_metric([name], 1 if answers else 0)
+            forwarded.add_metric([name], len(state.peer_inflight.get(name, ())))
+            limit.add_metric([name], state.settings.peer_limit(name))
+        yield up
+        yield forwarded
+        yield limit
 
     def _gpus(self) -> Iterator[Metric]:
         state = self.metrics.router.state

@@ -90,10 +90,31 @@ async def test_a_peer_serves_its_models_here_and_a_pool_falls_back_to_it(tmp_pat
         )
         assert sum(1 for e in events if e.data and e.data != "[DONE]") >= 8
 
+        # A client that leaves a stream relayed from the peer frees the peer's slot at once: the next request
+        # for far gets it (far has one slot) and the peer's router holds nothing afterwards.
+        left = await stream(a.client, "/v1/chat/completions", long_body("far", 1900), drop_after=3)
+        assert left.dropped
+        with trio.fail_after(10):
+            await b.router.wait_until(lambda s: not s.requests)
+            await a.router.wait_until(lambda s: not s.requests)
+        with trio.fail_after(10):
+            while True:
+                rows = (await b.client.get("/history", params={"limit": 50})).json()["rows"]
+                if any(r["status"] == 499 for r in rows):
+                    break
+                await trio.sleep(0.1)
+        cut = next(r for r in rows if r["status"] == 499)
+        assert cut["model_served"] == "far" and (cut["generated_tokens"] or 0) < 1900
+        after = await a.client.post("/v1/chat/completions", json=long_body("far", 2))
+        assert after.status_code == 200
+
         status = (await a.status())["peers"]
         b_entry = next(p for p in status if p["name"] == "b")
         assert b_entry["state"] == "up" and "far" in b_entry["models"] and b_entry["discovered"]
         assert b_entry["max_in_flight"] == 1  # the capacity b advertises: far's one slot
+        metrics = (await a.client.get("/metrics")).text
+        assert 'llama_router_peer_up{peer="b"} 1.0' in metrics
+        assert 'llama_router_peer_max_in_flight{peer="b"} 1.0' in metrics
 
         # With near busy, the pool's next request goes to the peer before any byte is sent.
         async with trio.open_nursery() as nursery:

@@ -11,7 +11,7 @@ import attrs
 import pytest
 
 from router.config.load import ConfigError, config_from_dict, load_config, read_api_keys
-from router.config.schema import DEVICE_KEYS, MODEL_KEYS, POOL_KEYS, ROUTER_KEYS, RPC_DEVICE_KEYS
+from router.config.schema import DEVICE_KEYS, MODEL_KEYS, PEER_KEYS, POOL_KEYS, ROUTER_KEYS, RPC_DEVICE_KEYS
 from tests.unit.config_builders import base
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,6 +29,8 @@ def test_the_example_loads_and_sets_every_key() -> None:
     assert set(data["rpc_devices"]["box"]) == {spec.name for spec in RPC_DEVICE_KEYS}
     assert {spec.name for spec in MODEL_KEYS} <= set(data["models"]["qwen"])
     assert set(data["pools"]["chat"]) == {spec.name for spec in POOL_KEYS}
+    assert set(data["peers"]["attic"]) | {"api_key_file"} == {spec.name for spec in PEER_KEYS}
+    assert config.peers["attic"].models == ("big",)
 
 
 def test_json_is_equivalent_to_toml(tmp_path: Path) -> None:
