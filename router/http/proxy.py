@@ -301,7 +301,12 @@ class Proxy:
             self.router.finish(ticket, completed=False)
             raise
         if isinstance(upstream, Reply):
-            yield sse_error(502, "upstream_unreachable", f"the replica of '{ticket.model}' did not answer")
+            reject = ticket.reject
+            if reject is not None:  # the scheduler answered it after all (its peer failed it, say)
+                yield sse_error(reject.status, reject.code, reject.message)
+            else:
+                message = f"the replica of '{ticket.model}' did not answer"
+                yield sse_error(502, "upstream_unreachable", message)
             return
         if error is not None:
             yield b"data: " + error.body + b"\n\n"

@@ -502,7 +502,7 @@
       h("tr", { class: "peer-row", "data-state": p.state },
         h("td", {}, h("span", { class: "chip" }, p.name)),
         h("td", { class: "mono wide", text: p.url }),
-        h("td", {}, h("span", { class: "badge st-" + (p.state === "up" ? "ready" : p.state === "down" ? "load_failed" : "loading"), text: p.state })),
+        h("td", {}, h("span", { class: "badge " + (p.state === "up" ? "k-ready" : p.state === "down" ? "k-load_failed" : "k-load"), text: p.state })),
         h("td", { text: p.models.length ? p.models.join(", ") : "–" }),
         h("td", { class: "num", text: `${p.in_flight} / ${p.max_in_flight}` }),
         h("td", { class: "num wide", text: p.checked_at ? fmtAge(now - p.checked_at) + " ago" : "–" }),
