@@ -148,9 +148,10 @@ async def test_chat_page_loads_the_model_on_demand_and_passes_through(tmp_path: 
     assert chat_rows[0]["generated_tokens"] == 4 and chat_rows[0]["model_served"] == "alpha"
 
 
-async def test_dashboard_shows_each_peer_with_its_state(tmp_path: Path) -> None:
-    """A router with one peer that answers (another router here) and one that does not: /dash lists both,
-    up and down, with the models of the one that answers."""
+async def test_dashboard_shows_each_peer_and_rpc_device_with_its_state(tmp_path: Path) -> None:
+    """A router with one peer that answers (another router here) and one that does not, and an RPC device
+    nothing listens at: /dash lists both peers, up and down, with the models of the one that answers, and
+    the RPC device as unreachable with the model that lists it."""
     browser = find_browser()
     (tmp_path / "b").mkdir()
     (tmp_path / "a").mkdir()
@@ -159,12 +160,19 @@ async def test_dashboard_shows_each_peer_with_its_state(tmp_path: Path) -> None:
             "box": {"url": b.url, "refresh": 1.0},
             "gone": {"url": f"http://127.0.0.1:{free_port()}", "models": ["lost"], "connect_timeout": 1.0},
         }
-        async with running_router(tmp_path / "a", {"near": {}}, peers=peers) as a:
+        models = {"near": {}, "split": {"gpus": [], "rpc": ["lent"]}}
+        rpc = {"lent": {"endpoint": f"127.0.0.1:{free_port()}", "memory_mib": 2048}}
+        async with running_router(tmp_path / "a", models, peers=peers, rpc_devices=rpc) as a:
             with trio.fail_after(20):
                 await a.router.wait_until(lambda s: "far" in s.settings.models and "gone" in s.peers_down)
+                while (await a.status())["rpc_devices"][0]["state"] != "unreachable":
+                    await trio.sleep(0.1)
             dom = (
                 await chromium(browser, "--virtual-time-budget=4000", "--dump-dom", f"{a.url}/dash")
             ).decode()
     rows = {e["data-state"] for e in elements(dom, "tr", class_="peer-row")}
     assert rows == {"up", "down"}, rows
     assert "far" in dom and "lost" in dom
+    cards = elements(dom, "article", class_="rpc-device")
+    assert [(c["data-rpc"], c["data-state"]) for c in cards] == [("lent", "unreachable")]
+    assert "used by split" in dom

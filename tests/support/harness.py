@@ -81,11 +81,19 @@ async def running_router(
     defaults: Mapping[str, Any] | None = None,
     pools: Mapping[str, Any] | None = None,
     peers: Mapping[str, Any] | None = None,
+    rpc_devices: Mapping[str, Any] | None = None,
     client_timeout: float = 30.0,
 ) -> AsyncIterator[RouterHandle]:
     """Start the router in this Trio run against simulated ``models``; stop it (and its replicas) after."""
     doc = config_document(
-        dir, models, router=router, devices=devices, defaults=defaults, pools=pools, peers=peers
+        dir,
+        models,
+        router=router,
+        devices=devices,
+        defaults=defaults,
+        pools=pools,
+        peers=peers,
+        rpc_devices=rpc_devices,
     )
     async with serving(dir, doc, client_timeout=client_timeout) as handle:
         yield handle

@@ -31,6 +31,7 @@ def config_document(
     pools: Mapping[str, Any] | None = None,
     port: int | None = None,
     peers: Mapping[str, Any] | None = None,
+    rpc_devices: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The configuration document for simulated ``models``.
 
@@ -70,6 +71,8 @@ def config_document(
         doc["pools"] = dict(pools)
     if peers:
         doc["peers"] = dict(peers)
+    if rpc_devices:
+        doc["rpc_devices"] = dict(rpc_devices)
     return doc
 
 
