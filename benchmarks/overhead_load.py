@@ -23,6 +23,7 @@ from benchmarks.workload import StreamResult, async_client, chat_body, stream_ch
 
 CHAT_PATH = "/v1/chat/completions"
 _TICKS = os.sysconf("SC_CLK_TCK")
+SETTLE_WITHIN = 10.0  # most seconds to wait after a crowd for the router's descriptors to come back
 
 
 @attrs.frozen
@@ -184,8 +185,18 @@ async def crowd_phase(
                 nursery.start_soon(one, model, stream)
         done.set()
     seconds = time.perf_counter() - started
-    await trio.sleep(2.0)  # the router closes its side of the clients' connections
+    # The router closes its side of the clients' connections at once, and the connections it keeps to
+    # replicas once they have been idle for a few seconds: read the descriptors every half second until they
+    # are back within 10 % of the start, for at most SETTLE_WITHIN seconds, and report how long that took.
+    settle_started = time.perf_counter()
+    await trio.sleep(0.5)
     after = proc_sample(pid) if pid is not None else None
+    while after is not None and before is not None and after.fds > before.fds * 1.1:
+        if time.perf_counter() - settle_started >= SETTLE_WITHIN:
+            break
+        await trio.sleep(0.5)
+        after = proc_sample(pid)
+    settled = time.perf_counter() - settle_started
     answered = statuses.get("200", 0)
     return {
         "clients": clients,
@@ -195,6 +206,7 @@ async def crowd_phase(
         "answered": answered,
         "errors": errors[:5],
         "seconds": seconds,
+        "settle_s": round(settled, 1),
         "before": None if before is None else attrs.asdict(before),
         "peak": peak if pid is not None else None,
         "after": None if after is None else attrs.asdict(after),
@@ -241,7 +253,14 @@ def report_load(result: dict[str, Any], labels: Mapping[str, str], stream_level:
         print_table(
             f"Overhead: {crowd['clients']} clients at once ({crowd['streamed']} streamed, "
             f"models {', '.join(crowd['models'])})",
-            ["answered 200", "statuses", "seconds", "RSS MiB before/peak/after", "fds before/peak/after"],
+            [
+                "answered 200",
+                "statuses",
+                "seconds",
+                "RSS MiB before/peak/after",
+                "fds before/peak/after",
+                "after (s)",
+            ],
             [
                 [
                     crowd["answered"],
@@ -249,6 +268,7 @@ def report_load(result: dict[str, Any], labels: Mapping[str, str], stream_level:
                     f"{crowd['seconds']:.1f}",
                     "/".join(f"{d.get('rss_bytes', 0) / mib:.0f}" for d in (before, peak, after)),
                     "/".join(str(d.get("fds", "-")) for d in (before, peak, after)),
+                    f"{crowd.get('settle_s', 0):.1f}",
                 ]
             ],
         )

@@ -17,6 +17,12 @@ Clients that stop reading
     socket closed, the application told the client left, the slot freed. :func:`cut_stalled_writes` ends
     every pending write at once, for the last moments of a shutdown.
 
+Clients that close an idle connection
+    When a client closes a kept-alive connection, hypercorn stops reading but leaves the idle keep-alive
+    timer running, and the connection's task waits for that timer: the socket stays open (CLOSE-WAIT) for
+    ``keep_alive_timeout`` seconds after the client left — one descriptor for each short-lived client, a
+    pile of them under a crowd. The timer is now stopped as soon as the reading ends.
+
 Malformed requests
     A request hypercorn cannot parse (a bad request line, raw bytes in the target, a duplicate
     Content-Length, a head over 64 KiB) never reaches the application; hypercorn answered it with an empty
@@ -40,7 +46,7 @@ from typing import Any
 
 import h11
 import trio
-from hypercorn.events import Closed, RawData
+from hypercorn.events import Closed, RawData, Updated
 from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
@@ -48,6 +54,7 @@ from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 log = logging.getLogger("router")
 
 _MARK = "_llama_router_fixed"
+_READING_DONE = "_llama_router_reading_done"
 _writes: set[trio.CancelScope] = set()
 _send_timeout = 60.0
 _max_connections: int | None = None
@@ -69,6 +76,8 @@ def apply(send_timeout: float = 60.0, max_connections: int | None = None) -> Non
         H11Protocol._send_error_response = _shaped_protocol_error  # type: ignore[method-assign]
     if not getattr(H11Protocol.stream_send, _MARK, False):
         H11Protocol.stream_send = _shield_end_of_exchange(H11Protocol.stream_send)  # type: ignore[method-assign]
+    if not getattr(TCPServer._read_data, _MARK, False):
+        TCPServer._read_data = _stop_idle_timer_when_reading_ends(TCPServer._read_data)  # type: ignore[method-assign]
     if not getattr(TCPServer.protocol_send, _MARK, False):
         TCPServer.protocol_send = _bounded_writes(TCPServer.protocol_send)  # type: ignore[method-assign]
 
@@ -187,10 +196,29 @@ def _shield_end_of_exchange(original: Any) -> Any:
     return stream_send
 
 
+def _stop_idle_timer_when_reading_ends(original: Any) -> Any:
+    """Once the client has closed (or reading failed), nothing can arrive on the connection: the idle
+    keep-alive timer must not hold it open until it runs out."""
+
+    @functools.wraps(original)
+    async def read_data(self: TCPServer) -> None:
+        try:
+            await original(self)
+        finally:
+            setattr(self, _READING_DONE, True)  # a reply ending later must not start the timer again
+            with trio.CancelScope(shield=True):
+                await self.idle_task.stop()
+
+    setattr(read_data, _MARK, True)
+    return read_data
+
+
 def _bounded_writes(original: Any) -> Any:
     @functools.wraps(original)
     async def protocol_send(self: TCPServer, event: Any) -> None:
         if not isinstance(event, RawData):
+            if isinstance(event, Updated) and event.idle and getattr(self, _READING_DONE, False):
+                return  # the client has closed: no idle keep-alive timer for a connection that is over
             await original(self, event)
             return
         broken = False

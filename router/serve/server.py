@@ -106,6 +106,7 @@ async def _serve_router(
             connect_timeout=10.0, read_timeout=config.router.reply_timeout, write_timeout=60.0
         )
         nursery.start_soon(pool.run_sweeper)
+        router.stop_listeners.append(pool.forget_port)
         app = create_app(config, router, pool)
         register_dash(app, config, router, observers, pool)
         data_path = DataPath(app, Forwarder(config, router, Proxy(router, pool), client))

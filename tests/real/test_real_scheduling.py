@@ -148,3 +148,21 @@ async def test_swap_and_back_then_crash_reload_and_cache(tmp_path: Path) -> None
         status = await rt.status()
         assert status["replicas"][0]["pid"] not in pids
         assert any(h["kind"] == "exited" and "SIGKILL" in h["reason"] for h in status["recent"])
+
+
+async def test_a_swap_closes_the_idle_connections_to_the_replica_it_stops(tmp_path: Path) -> None:
+    """llama-server waits for its idle kept-alive connections before it exits on SIGTERM (about 0.1 s
+    each swap): when the router stops a replica it first closes the connections it keeps to it."""
+    models = {"a": {"parallel": 2}, "b": {"shape": "other"}}
+    async with real_router(tmp_path, models, router={"num_gpus": 1}) as rt:
+        (pool,) = [listener.__self__ for listener in rt.router.stop_listeners]  # the data path's connections
+        first = await rt.client.post(CHAT, json=long_body("a", 2))
+        assert first.status_code == 200
+        (replica_a,) = rt.router.state.replicas
+        port_a = rt.router.ports[replica_a.id]
+        assert port_a in pool.describe()["ports"]  # kept for the next request to a
+        second = await rt.client.post(CHAT, json=long_body("b", 2))
+        assert second.status_code == 200 and second.headers["x-router-model"] == "b"
+        assert port_a not in pool.describe()["ports"]
+        stops = [h for h in rt.router.happenings if h.kind == "stop" and h.replica == replica_a.id]
+        assert stops and stops[0].cause == "evicted"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import h11
 import trio
 
+from router.serve.hypercorn_fixes import open_connections
 from tests.support.harness import RouterHandle, running_router
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -117,3 +119,42 @@ async def test_requests_hypercorn_cannot_parse_get_the_openai_error_shape(tmp_pa
             assert top.startswith(f"HTTP/1.1 {status}".encode()), top
             error = json.loads(body)["error"]
             assert error["type"] == "invalid_request_error" and error["message"]
+
+
+async def test_a_connection_the_client_closes_is_let_go_at_once_not_after_the_keep_alive_timeout(
+    tmp_path: Path,
+) -> None:
+    """A client that closes its kept-alive connection after a streamed or a plain reply: the router's side
+    closes too (its connection count drops back) well before keep_alive_timeout, so short-lived clients
+    cannot pile up descriptors."""
+    async with running_router(tmp_path, {"m": {"parallel": 4}}) as h:
+        before = open_connections()
+        for stream in (True, False, True, False):
+            body = json.dumps({**CHAT, "stream": stream}).encode()
+            wire = h11.Connection(h11.CLIENT)
+            head = [
+                ("host", "127.0.0.1"),
+                ("content-type", "application/json"),
+                ("content-length", str(len(body))),
+            ]
+            conn = await trio.open_tcp_stream("127.0.0.1", h.config.router.port)
+            async with conn:
+                request = h11.Request(method="POST", target="/v1/chat/completions", headers=head)
+                await conn.send_all(
+                    wire.send(request) + wire.send(h11.Data(data=body)) + wire.send(h11.EndOfMessage())
+                )
+                status = None
+                with trio.fail_after(10):
+                    while True:
+                        event = wire.next_event()
+                        if event is h11.NEED_DATA:
+                            wire.receive_data(await conn.receive_some(65536))
+                        elif isinstance(event, h11.Response):
+                            status = event.status_code
+                        elif isinstance(event, h11.EndOfMessage):
+                            break
+                assert status == 200
+            # The client has closed its side (kept alive until now: no Connection: close was asked for).
+        with trio.fail_after(5):  # keep_alive_timeout is 75 s
+            while open_connections() > before:
+                await trio.sleep(0.05)
