@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
             }
             result = trio.run(benchmark, urls, skipped, args, pids)
     document["result"] = result
-    level = max(int(v) for v in args.concurrent.split(","))
+    level = max((int(v) for v in args.concurrent.split(",") if v.strip()), default=0)
     document["goals"] = goals_document(evaluate(result, level))
     report(result, level)
     path = write_result(args.name or "overhead", document)

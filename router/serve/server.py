@@ -37,6 +37,7 @@ from router.shell.runtime import Router
 log = logging.getLogger("router")
 LAST_RESORT_AFTER = 10.0
 FILES_RESERVED = 128  # descriptors kept for replicas' pipes, the history database, logs and the like
+LISTEN_BACKLOG = 4096  # connections the kernel queues before they are accepted
 
 
 def hypercorn_config(config: Config) -> HypercornConfig:
@@ -49,6 +50,9 @@ def hypercorn_config(config: Config) -> HypercornConfig:
     hc.graceful_timeout = 1.0
     hc.h11_max_incomplete_size = HEADERS_LIMIT
     hc.read_timeout = 300
+    # Room for a burst of clients connecting at once (the kernel caps it at net.core.somaxconn): with
+    # hypercorn's 100, a crowd overflows the queue and the connections it drops are reset.
+    hc.backlog = LISTEN_BACKLOG
     return hc
 
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 from pathlib import Path
 
 import h11
+import pytest
 import trio
 
 from router.serve.hypercorn_fixes import open_connections
+from router.serve.server import LISTEN_BACKLOG
 from tests.support.harness import RouterHandle, running_router
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
@@ -158,3 +162,16 @@ async def test_a_connection_the_client_closes_is_let_go_at_once_not_after_the_ke
         with trio.fail_after(5):  # keep_alive_timeout is 75 s
             while open_connections() > before:
                 await trio.sleep(0.05)
+
+
+async def test_the_listening_socket_queues_a_crowd_of_connections(tmp_path: Path) -> None:
+    """The kernel's queue of connections not yet accepted holds LISTEN_BACKLOG (capped by somaxconn):
+    with hypercorn's 100, a crowd of clients connecting at once overflows it and some are reset."""
+    if shutil.which("ss") is None:
+        pytest.skip("ss (iproute2) is not installed")
+    cap = int(Path("/proc/sys/net/core/somaxconn").read_text())
+    async with running_router(tmp_path, {"m": {}}) as h:
+        port = h.config.router.port
+        listing = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True, text=True).stdout
+    (row,) = [line.split() for line in listing.splitlines() if line.strip()]
+    assert int(row[2]) == min(LISTEN_BACKLOG, cap) > 100, row  # LISTEN rows: Send-Q is the backlog
