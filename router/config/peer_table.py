@@ -15,20 +15,7 @@ from router.config.values import ModelConfig, PeerConfig
 def parse_peer(doc: Doc, name: str, raw: Any, models: Mapping[str, ModelConfig]) -> PeerConfig:
     prefix = f"peers.{name}"
     check_name(doc, prefix, name, "a peer name")
-    table = doc.table(prefix, raw)
-    allowed = [spec.name for spec in PEER_KEYS]
-    for key, value in table.items():
-        if key not in allowed:
-            raise doc.unknown(f"{prefix}.{key}", value, allowed)
-    values: dict[str, Any] = {}
-    for spec in PEER_KEYS:
-        value = table.get(spec.name)
-        if value is None:
-            if spec.required:
-                raise doc.missing(f"{prefix}.{spec.name}", spec.allowed())
-            values[spec.name] = spec.default
-        else:
-            values[spec.name] = doc.check(prefix, spec, value)
+    values = doc.keys(prefix, doc.table(prefix, raw), PEER_KEYS)
     values["url"] = _base_url(doc, f"{prefix}.url", values["url"])
     key_file = values.pop("api_key_file")
     if key_file is not None:

@@ -78,6 +78,24 @@ class Doc:
         except InvalidValue as exc:
             raise self.invalid(f"{prefix}.{spec.name}", value, exc.reason) from None
 
+    def keys(self, prefix: str, table: Mapping[str, Any], specs: Sequence[KeySpec]) -> dict[str, Any]:
+        """The value of every key of ``specs`` in ``table`` (checked, or its default); an unknown key or a
+        missing required one is an error."""
+        allowed = [spec.name for spec in specs]
+        for key, value in table.items():
+            if key not in allowed:
+                raise self.unknown(f"{prefix}.{key}", value, allowed)
+        values: dict[str, Any] = {}
+        for spec in specs:
+            value = table.get(spec.name)
+            if value is None:
+                if spec.required:
+                    raise self.missing(f"{prefix}.{spec.name}", spec.allowed())
+                values[spec.name] = spec.default
+            else:
+                values[spec.name] = self.check(prefix, spec, value)
+        return values
+
 
 # ---------------------------------------------------------------------------------------------- [devices]
 
@@ -347,20 +365,7 @@ def parse_pool(
     is no model here may be one of a peer's, resolved at run time)."""
     prefix = f"pools.{name}"
     check_name(doc, prefix, name, "a pool name")
-    table = doc.table(prefix, raw)
-    allowed = [spec.name for spec in POOL_KEYS]
-    for key, value in table.items():
-        if key not in allowed:
-            raise doc.unknown(f"{prefix}.{key}", value, allowed)
-    values: dict[str, Any] = {}
-    for spec in POOL_KEYS:
-        value = table.get(spec.name)
-        if value is None:
-            if spec.required:
-                raise doc.missing(f"{prefix}.{spec.name}", spec.allowed())
-            values[spec.name] = spec.default
-        else:
-            values[spec.name] = doc.check(prefix, spec, value)
+    values = doc.keys(prefix, doc.table(prefix, raw), POOL_KEYS)
     members: tuple[str, ...] = values["members"]
     known = ", ".join(models)
     if not members:

@@ -16,7 +16,7 @@ import httpx
 import trio
 
 from router.http.replica_errors import BODY_LIMIT
-from router.http.upstream import ReplyTimeout, UpstreamBroken
+from router.http.upstream import ReplyTimeout, UpstreamBroken, UpstreamReply
 from router.shell.peers import describe_failure, peer_headers
 from router.shell.runtime import Router
 from router.shell.ticket import Ticket
@@ -24,8 +24,8 @@ from router.shell.ticket import Ticket
 LOOP_DETECTED = 508  # the peer refused a second hop: no capacity miss, the answer itself
 
 
-class PeerResponse:
-    """A peer's reply with the interface of ``router.http.upstream.UpstreamResponse``."""
+class PeerResponse(UpstreamReply):
+    """A peer's reply, read by the proxy like a replica's."""
 
     def __init__(self, response: httpx.Response, read_timeout: float) -> None:
         self._response = response
@@ -34,16 +34,6 @@ class PeerResponse:
         self.reason = response.reason_phrase
         self.raw_headers = [(k.lower(), v) for k, v in response.headers.raw]
         self._done = False
-
-    def header(self, name: bytes) -> str | None:
-        for key, value in self.raw_headers:
-            if key == name:
-                return value.decode("latin-1")
-        return None
-
-    @property
-    def complete(self) -> bool:
-        return self._done
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
@@ -55,17 +45,6 @@ class PeerResponse:
         except httpx.HTTPError as exc:
             raise UpstreamBroken(f"the peer broke off the reply: {exc}") from None
         self._done = True
-
-    async def read(self, limit: int) -> tuple[bytes, bool]:
-        body = bytearray()
-        try:
-            async for chunk in self.chunks():
-                body += chunk
-                if len(body) > limit:
-                    return bytes(body[:limit]), False
-        except (ReplyTimeout, UpstreamBroken):
-            return bytes(body[:limit]), False
-        return bytes(body), True
 
     async def aclose(self) -> None:
         await self._response.aclose()

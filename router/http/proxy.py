@@ -23,15 +23,13 @@ import trio
 
 from router.http.browser_guard import drop_cors
 from router.http.errors import sse_error
-from router.http.peer_relay import PeerRelay, PeerResponse
+from router.http.peer_relay import PeerRelay
 from router.http.replica_errors import BODY_LIMIT, ReplicaError, shape_replica_error
 from router.http.reply import Reply, error_reply
-from router.http.upstream import ConnectFailed, UpstreamError, UpstreamPool, UpstreamResponse
+from router.http.upstream import ConnectFailed, UpstreamError, UpstreamPool, UpstreamReply
 from router.shell.runtime import Router
 from router.shell.ticket import Ticket
 from statemachine import Dispatch
-
-Upstream = UpstreamResponse | PeerResponse  # a replica's reply, or a peer's
 
 KEEPALIVE_AFTER = 1.0
 KEEPALIVE_EVERY = 2.0
@@ -70,7 +68,7 @@ def upstream_headers(
     return [(k, v) for k, v in headers if k.lower() not in drop]
 
 
-def merged_headers(upstream: Upstream, drop: frozenset[str]) -> dict[str, str]:
+def merged_headers(upstream: UpstreamReply, drop: frozenset[str]) -> dict[str, str]:
     """The replica's headers without ``drop``; repeated ones joined with commas."""
     out: dict[str, str] = {}
     for raw_name, raw_value in upstream.raw_headers:
@@ -82,7 +80,7 @@ def merged_headers(upstream: Upstream, drop: frozenset[str]) -> dict[str, str]:
     return out
 
 
-def reply_headers(upstream: Upstream, model: str | None) -> dict[str, str]:
+def reply_headers(upstream: UpstreamReply, model: str | None) -> dict[str, str]:
     """The replica's response headers for the client; its CORS policy is replaced by the router's own."""
     out = drop_cors(merged_headers(upstream, _REPLY_DROP))
     if model is not None:
@@ -90,7 +88,7 @@ def reply_headers(upstream: Upstream, model: str | None) -> dict[str, str]:
     return out
 
 
-async def read_replica_error(model: str | None, upstream: Upstream) -> ReplicaError:
+async def read_replica_error(model: str | None, upstream: UpstreamReply) -> ReplicaError:
     """Read a replica's error reply (at most BODY_LIMIT bytes), close it, and shape the answer."""
     try:
         body, complete = await upstream.read(BODY_LIMIT)
@@ -186,7 +184,7 @@ class Proxy:
         query: bytes,
         body: bytes,
         headers: list[tuple[bytes, bytes]],
-    ) -> Upstream | Reply:
+    ) -> UpstreamReply | Reply:
         target = _target(path, query)
         while ticket.peer is not None:
             answer = await self.peers.open(ticket, method, target, body, headers)
@@ -229,7 +227,7 @@ class Proxy:
         ticket.observed.status = upstream.status_code
         return upstream
 
-    async def _relay(self, ticket: Ticket, upstream: Upstream, sse: bool) -> AsyncIterator[bytes]:
+    async def _relay(self, ticket: Ticket, upstream: UpstreamReply, sse: bool) -> AsyncIterator[bytes]:
         # No cancel scope spans a yield here: the exchange ends by itself when the replica goes away.
         completed = False
         sniffer = ticket.observed.sniff(sse=sse)
@@ -249,14 +247,14 @@ class Proxy:
                 await upstream.aclose()
             self.router.finish(ticket, completed=completed)
 
-    async def _read_error(self, ticket: Ticket, upstream: Upstream) -> ReplicaError:
+    async def _read_error(self, ticket: Ticket, upstream: UpstreamReply) -> ReplicaError:
         """Read a replica's error reply and note what the client will get."""
         error = await read_replica_error(ticket.model, upstream)
         ticket.observed.fail(error.status, error.message)
         return error
 
     @staticmethod
-    def _error_reply(ticket: Ticket, upstream: Upstream, error: ReplicaError) -> Reply:
+    def _error_reply(ticket: Ticket, upstream: UpstreamReply, error: ReplicaError) -> Reply:
         if error.wrapped:
             headers = {"content-type": "application/json"}
             if ticket.model is not None:

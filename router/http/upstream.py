@@ -63,16 +63,13 @@ class _Conn:
         self.port = port
 
 
-class UpstreamResponse:
-    """A replica's reply: status and headers at once, the body as it arrives. Close it with ``aclose``."""
+class UpstreamReply:
+    """What the proxy reads of an upstream's reply, whoever sent it: status, headers (names in lower case),
+    the body as it arrives (``chunks``, raising UpstreamError), and ``aclose``."""
 
-    def __init__(self, pool: UpstreamPool, conn: _Conn, head: h11.Response) -> None:
-        self._pool = pool
-        self._conn: _Conn | None = conn
-        self.status_code = head.status_code
-        self.reason = head.reason.decode("latin-1", "replace")
-        self.raw_headers: list[tuple[bytes, bytes]] = list(head.headers)
-        self._done = False
+    status_code: int
+    raw_headers: list[tuple[bytes, bytes]]
+    _done: bool = False
 
     def header(self, name: bytes) -> str | None:
         """The first value of header ``name`` (lower case), or None."""
@@ -84,6 +81,36 @@ class UpstreamResponse:
     @property
     def complete(self) -> bool:
         return self._done
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        raise NotImplementedError
+
+    async def read(self, limit: int) -> tuple[bytes, bool]:
+        """Up to ``limit`` bytes of the body, and whether that was all of it (no error, not cut)."""
+        body = bytearray()
+        try:
+            async for chunk in self.chunks():
+                body += chunk
+                if len(body) > limit:
+                    return bytes(body[:limit]), False
+        except UpstreamError:
+            return bytes(body[:limit]), False
+        return bytes(body), True
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+
+class UpstreamResponse(UpstreamReply):
+    """A replica's reply: status and headers at once, the body as it arrives. Close it with ``aclose``."""
+
+    def __init__(self, pool: UpstreamPool, conn: _Conn, head: h11.Response) -> None:
+        self._pool = pool
+        self._conn: _Conn | None = conn
+        self.status_code = head.status_code
+        self.reason = head.reason.decode("latin-1", "replace")
+        self.raw_headers = list(head.headers)
+        self._done = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body, one chunk per network read (empty reads are skipped); raises UpstreamError."""
@@ -112,18 +139,6 @@ class UpstreamResponse:
             if self._done:
                 return
             wire.receive_data(await self._pool.receive(conn))
-
-    async def read(self, limit: int) -> tuple[bytes, bool]:
-        """Up to ``limit`` bytes of the body, and whether that was all of it (no error, not cut)."""
-        body = bytearray()
-        try:
-            async for chunk in self.chunks():
-                body += chunk
-                if len(body) > limit:
-                    return bytes(body[:limit]), False
-        except UpstreamError:
-            return bytes(body[:limit]), False
-        return bytes(body), True
 
     async def aclose(self) -> None:
         """Give the connection back for the next request when the reply was read to its end, else close it."""
