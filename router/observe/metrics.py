@@ -306,9 +306,7 @@ class RouterMetrics:
             assert self.client is not None
             try:
                 response = await self.client.get(
-                    f"http://127.0.0.1:{port}/metrics",
-                    timeout=REPLICA_SCRAPE_TIMEOUT,
-                    headers={"connection": "close"},  # kept-alive, it would hold up the replica's exit
+                    f"http://127.0.0.1:{port}/metrics", timeout=REPLICA_SCRAPE_TIMEOUT
                 )
                 texts[(model, replica)] = response.text if response.status_code == 200 else None
             except httpx.HTTPError:

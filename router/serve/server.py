@@ -101,7 +101,9 @@ async def run_server(
 async def _serve_router(
     config: Config, router: Router, on_ready: Callable[[str], None] | None, sockets: Sockets | None
 ) -> None:
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    # This client talks only to replicas (their /metrics, token counts) and keeps no idle connection to
+    # them: llama-server waits about 0.1 s for each one before it exits when it is stopped.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
     timeout = httpx.Timeout(connect=10.0, read=config.router.reply_timeout, write=60.0, pool=None)
     async with httpx.AsyncClient(limits=limits, timeout=timeout) as client, trio.open_nursery() as nursery:
         observers = await start_observers(nursery, config, router, client)

@@ -320,9 +320,7 @@ class ReplicaTask:
 
 
 async def _get_status(http: httpx.AsyncHTTPTransport, url: str, timeout: float) -> int:
-    # "Connection: close": a kept-alive idle connection would hold up the replica's exit when it is stopped.
-    extensions = {"timeout": httpx.Timeout(timeout).as_dict()}
-    request = httpx.Request("GET", url, headers={"connection": "close"}, extensions=extensions)
+    request = httpx.Request("GET", url, extensions={"timeout": httpx.Timeout(timeout).as_dict()})
     response = await http.handle_async_request(request)
     try:
         await response.aread()

@@ -54,7 +54,8 @@ class Supervisor:
             raise RuntimeError("Supervisor.run() is already running")
         # A bare transport rather than a client: no proxy settings from the environment, and no INFO log
         # line per request (the client logs every request, which at 10 probes a second buries the log).
-        http = httpx.AsyncHTTPTransport(retries=0)
+        # No idle connection is kept: llama-server waits about 0.1 s for each one before it exits.
+        http = httpx.AsyncHTTPTransport(retries=0, limits=httpx.Limits(max_keepalive_connections=0))
         self._http = http
         try:
             async with trio.open_nursery() as nursery:
