@@ -118,6 +118,8 @@ class CommandChecks(AnswerChecks, AfterStepChecks):
         spec = replica.spec
         if w.shutting_down:
             self.fail("INV-SHUTDOWN", f"{c} after shutdown began")
+        if replica.broke:
+            self.fail("INV-BROKEN", f"{c} to a replica that broke off a reply: {replica}")
         if not replica.ready or not replica.live or replica.retired or replica.model != c.model:
             self.fail(
                 "INV-DISPATCH-READY", f"{c} to a replica that is not ready to serve {c.model}: {replica}"

@@ -95,6 +95,9 @@ class StepBase:
                 self.gone_running = e.rid
         elif isinstance(e, RequestFinished):
             request = w.requests[e.rid]
+            replica = w.replicas.get(request.replica) if request.replica is not None else None
+            if e.broken and replica is not None and not replica.killed:
+                replica.draining = replica.broke = True  # INV-BROKEN: it takes no new work
             self.free_slot(request)
             if request.model is not None:
                 w.last_used[request.model] = w.now

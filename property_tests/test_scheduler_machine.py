@@ -163,7 +163,8 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.world is not None and bool(self.w.outstanding(RUNNING)))
     @rule(data=st.data())
     def finish(self, data: st.DataObject) -> None:
-        self.feed(RequestFinished(self.pick(data, self.w.outstanding(RUNNING))))
+        broken = data.draw(st.sampled_from(["", "", "", "connection reset"]), label="broken")
+        self.feed(RequestFinished(self.pick(data, self.w.outstanding(RUNNING)), broken))
 
     @precondition(lambda self: self.world is not None and bool(self.w.replicas_where(lambda r: r.loading)))
     @rule(data=st.data())
@@ -383,8 +384,8 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @invariant()
     def inv_dispatch_ready(self) -> None:
-        # checks: INV-DISPATCH-READY INV-LEAST-LOADED
-        self.expect("INV-DISPATCH-READY", "INV-LEAST-LOADED")
+        # checks: INV-DISPATCH-READY INV-LEAST-LOADED INV-BROKEN
+        self.expect("INV-DISPATCH-READY", "INV-LEAST-LOADED", "INV-BROKEN")
 
     @invariant()
     def inv_kill_idle(self) -> None:

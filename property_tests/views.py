@@ -31,6 +31,7 @@ class ReplicaView:
     killed: bool = False
     draining: bool = False
     hung: bool = False  # reported unresponsive: it goes at once, busy or not
+    broke: bool = False  # it broke off a reply: it takes no new work (INV-BROKEN)
     inflight: set[int] = attrs.Factory(set)
     memory: list[tuple[int, ...]] = attrs.Factory(list)  # prefix chains of its last dispatches, newest first
 

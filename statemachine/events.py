@@ -46,9 +46,13 @@ class ClientGone:
 
 @attrs.frozen
 class RequestFinished:
-    """The upstream exchange of ``rid`` is over (completed or failed)."""
+    """The upstream exchange of ``rid`` is over (completed or failed). ``broken``: why the replica broke
+    off the reply (its connection reset or closed before the reply ended), empty when it did not. A
+    replica that broke off a reply is failing: it takes no new work and is stopped once idle, so no
+    request is sent to a process that may be dying before its exit is reported."""
 
     rid: int
+    broken: str = ""
 
 
 @attrs.frozen

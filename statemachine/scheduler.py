@@ -160,6 +160,9 @@ def _finished(w: Work, e: RequestFinished) -> None:
     if request is None or request.phase != INFLIGHT:
         raise IllegalEvent(f"RequestFinished for request {e.rid}, which is not in flight")
     w.release(request)
+    replica = w.replicas.get(request.replica) if request.replica is not None else None
+    if e.broken and replica is not None and replica.phase == READY and not replica.draining:
+        w.put(attrs.evolve(replica, draining=True))  # it broke a reply: no new work; stopped once idle
 
 
 def _ready(w: Work, e: ReplicaReady) -> None:

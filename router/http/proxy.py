@@ -26,7 +26,7 @@ from router.http.errors import sse_error
 from router.http.peer_relay import PeerRelay
 from router.http.replica_errors import BODY_LIMIT, ReplicaError, shape_replica_error
 from router.http.reply import Reply, error_reply
-from router.http.upstream import ConnectFailed, UpstreamError, UpstreamPool, UpstreamReply
+from router.http.upstream import ConnectFailed, UpstreamBroken, UpstreamError, UpstreamPool, UpstreamReply
 from router.shell.runtime import Router
 from router.shell.ticket import Ticket
 from statemachine import Dispatch
@@ -109,6 +109,11 @@ def _may_wait_again(ticket: Ticket) -> bool:
     or ended it only because that replica exited (nothing reached the replica, so nothing is lost or
     repeated by admitting it again)."""
     return ticket.rejection is None or ticket.rejection.code == "replica_exited"
+
+
+def _broken(exc: UpstreamError) -> str:
+    """Why the replica broke off the exchange, or "" when it did not (it only took too long)."""
+    return str(exc) if isinstance(exc, UpstreamBroken) else ""
 
 
 def name_member(body: bytes, model: str) -> bytes:
@@ -222,7 +227,7 @@ class Proxy:
         except UpstreamError as exc:
             message = f"the replica of '{ticket.model}' did not answer: {exc}"
             ticket.observed.fail(502, message)
-            self.router.finish(ticket, completed=True)
+            self.router.finish(ticket, completed=True, broken=_broken(exc))
             return error_reply(502, "upstream_unreachable", message)
         ticket.observed.status = upstream.status_code
         return upstream
@@ -239,9 +244,15 @@ class Proxy:
                 completed = True
             except UpstreamError as exc:
                 completed = True
-                ticket.observed.fail(502, self._failure_text(ticket, exc))
+                text = self._failure_text(ticket, exc)
+                ticket.observed.fail(502, text)
+                # The scheduler hears of it before the client does, so the client's next request cannot
+                # reach this replica (it may be dying) before its exit is reported.
+                with trio.CancelScope(shield=True):
+                    await upstream.aclose()
+                self.router.finish(ticket, completed=True, broken=_broken(exc))
                 if sse:
-                    yield sse_error(502, "replica_failed", self._failure_text(ticket, exc))
+                    yield sse_error(502, "replica_failed", text)
         finally:
             with trio.CancelScope(shield=True):
                 await upstream.aclose()

@@ -44,6 +44,10 @@ _SHUTDOWN_GRACE = 3.0  # most seconds between SIGTERM and SIGKILL when the super
 _KILL_WAIT = 10.0  # seconds to wait for a SIGKILLed child during shutdown before giving up on it
 _DRAIN_WAIT = 2.0  # seconds to wait for the output pipe to reach EOF after the child is reaped
 _READ_CHUNK = 65536
+# Exit statuses a stop of ours accounts for: a clean exit, or SIGTERM's death (direct, or through a shell
+# that ran the process, 128 + the signal). SIGKILL's counts only once we sent it.
+_STOPPED_BY_SIGTERM = frozenset({0, -signal.SIGTERM, 128 + signal.SIGTERM})
+_STOPPED_BY_SIGKILL = frozenset({-signal.SIGKILL, 128 + signal.SIGKILL})
 
 
 @attrs.define(eq=False)
@@ -67,6 +71,7 @@ class ReplicaTask:
     returncode: int | None = None
     stop_reason: str | None = None
     save_first: bool = False
+    sent_sigkill: bool = False
 
     @property
     def label(self) -> str:
@@ -150,6 +155,7 @@ class ReplicaTask:
         child.signal_group(signal.SIGTERM)
         with trio.move_on_after(min(self.spec.stop_timeout, _SHUTDOWN_GRACE)):
             await child.wait_exited()
+        self.sent_sigkill = True
         child.signal_group(signal.SIGKILL)
         with trio.move_on_after(_KILL_WAIT):
             await child.wait_exited()
@@ -176,6 +182,7 @@ class ReplicaTask:
             child.pid,
             self.spec.stop_timeout,
         )
+        self.sent_sigkill = True
         child.signal_group(signal.SIGKILL)
 
     # ---- output ------------------------------------------------------------------------------------
@@ -293,11 +300,23 @@ class ReplicaTask:
     # ---- the end -----------------------------------------------------------------------------------
 
     def _exit_reason(self) -> str:
-        if self.stop_reason is not None:
+        if self.stop_reason is not None and not self._died_by_itself():
             return f"stopped: {self.stop_reason}"
         phase = "while loading" if not self.ready else "after it was ready"
         how = describe_returncode(self.returncode)
-        return f"llama-server for {self.spec.model!r} exited with {how} {phase}; log: {quote_lines(self.log)}"
+        stopping = f", as it was being stopped ({self.stop_reason})" if self.stop_reason is not None else ""
+        return (
+            f"llama-server for {self.spec.model!r} exited with {how} {phase}{stopping}; "
+            f"log: {quote_lines(self.log)}"
+        )
+
+    def _died_by_itself(self) -> bool:
+        """It was asked to stop, yet its exit status is not one the stop accounts for: it crashed on its own
+        (a replica that broke off a reply is often stopped as it dies), and its own failure is the news."""
+        code = self.returncode
+        if code is None or code in _STOPPED_BY_SIGTERM:
+            return False
+        return not (self.sent_sigkill and code in _STOPPED_BY_SIGKILL)
 
     def _finish(self, returncode: int | None, reason: str) -> None:
         self.returncode = returncode

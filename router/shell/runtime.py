@@ -239,10 +239,11 @@ class Router:
         self.submit(RequestArrived(rid, target, tokens, prefix, local_only))
         return ticket
 
-    def finish(self, ticket: Ticket, *, completed: bool) -> None:
+    def finish(self, ticket: Ticket, *, completed: bool, broken: str = "") -> None:
         """The handler is done with ``ticket``: record it and tell the scheduler what it needs to know. A
         second call changes nothing. A client gone from a request in flight is reported only now, after the
-        handler closed its upstream exchange, so the scheduler may give the slot to the next request."""
+        handler closed its upstream exchange, so the scheduler may give the slot to the next request.
+        ``broken``: why the replica broke off the reply (the scheduler then sends it no new work)."""
         was = ticket.phase
         if was is TicketPhase.FINISHED:
             return
@@ -251,7 +252,7 @@ class Router:
         if was is TicketPhase.REJECTED:
             self._forget(ticket.rid)
         elif was is TicketPhase.SENT and completed:
-            self.submit(RequestFinished(ticket.rid))
+            self.submit(RequestFinished(ticket.rid, broken))
         else:
             self.submit(ClientGone(ticket.rid))
 

@@ -157,3 +157,22 @@ def test_a_refused_dispatch_of_a_removed_pool_still_drains_the_replica_that_refu
             (ReplicaReady(2), [Dispatch(2, 2, "a")]),
         ],
     )
+
+
+def test_a_replica_that_broke_off_a_reply_takes_no_new_work() -> None:
+    """Its connection reset mid-reply: the process may be dying before its exit is reported, so the next
+    request loads another replica instead of going there; it is stopped once its other request ends."""
+    # checks: INV-BROKEN
+    play(
+        Settings(models=[ModelSpec("a", slots=2, load_on_startup=True)]),
+        [
+            (Startup(), [Spawn(1, "a", (0,), "load on startup")]),
+            (ReplicaReady(1), []),
+            (RequestArrived(1, "a"), [Dispatch(1, 1, "a")]),
+            (RequestArrived(2, "a"), [Dispatch(2, 1, "a")]),
+            (RequestFinished(1, broken="connection reset by peer"), []),
+            (RequestArrived(3, "a"), [spawn(2, "a", 3)]),
+            (RequestFinished(2), [Kill(1, "a", "unloaded", KillCause.DRAINED)]),
+            (ReplicaReady(2), [Dispatch(3, 2, "a")]),
+        ],
+    )

@@ -111,7 +111,8 @@ async def test_a_replica_killed_mid_stream_ends_the_stream_and_the_next_request_
                 result = await stream(h.client, CHAT, long_body("a", 6000), on_event=seen)
         assert result.errors and not result.done
         with trio.fail_after(60):
-            assert (await post_chat(h.client, "a", max_tokens=2)).status_code == 200
+            r = await post_chat(h.client, "a", max_tokens=2)
+            assert r.status_code == 200, r.text
 
 
 async def test_sigterm_drains_a_stream_answers_a_waiter_and_leaves_no_replica(tmp_path: Path) -> None:

@@ -180,6 +180,25 @@ async def test_exit_at_load_quotes_failure_lines(sup: tuple[Supervisor, Recorder
     assert "starting the main loop" not in exited.reason
 
 
+async def test_a_crash_while_being_stopped_is_reported_as_the_crash(
+    sup: tuple[Supervisor, Recorder], tmp_path: Path
+) -> None:
+    """Asked to stop, it ignores SIGTERM and then fails on its own with exit code 3: the reason is its
+    failure and its log, with the stop named beside it, not a plain "stopped"."""
+    supervisor, rec = sup
+    supervisor.spawn(
+        sim_spec(tmp_path, 7, ignore_sigterm=True, exit_at_load=3, load_delay=1.0, stop_timeout=30)
+    )
+    with trio.fail_after(10):
+        while not any("loading model" in line for line in supervisor.logs(7)):
+            await trio.sleep(0.02)  # its SIGTERM handler is set before it logs this
+    supervisor.kill(7, "not needed any more")
+    _, exited = await rec.wait_for(ProcessExited, 7)
+    assert exited.returncode == 3 and exited.asked
+    assert "exit code 3 while loading, as it was being stopped (not needed any more)" in exited.reason
+    assert "failed to load model" in exited.reason
+
+
 async def test_health_hang_fails_load_within_timeout(
     sup: tuple[Supervisor, Recorder], tmp_path: Path
 ) -> None:
