@@ -194,11 +194,11 @@ async def crowd_phase(
     seconds = time.perf_counter() - started
     # The router closes its side of the clients' connections at once, and the connections it keeps to
     # replicas once they have been idle for a few seconds: read the descriptors every half second until they
-    # are back within 10 % of the start, for at most SETTLE_WITHIN seconds, and report how long that took.
+    # are back to the start, for at most SETTLE_WITHIN seconds, and report how long that took.
     settle_started = time.perf_counter()
     await trio.sleep(0.5)
     after = proc_sample(pid) if pid is not None else None
-    while after is not None and before is not None and after.fds > before.fds * 1.1:
+    while after is not None and before is not None and after.fds > before.fds:
         if time.perf_counter() - settle_started >= SETTLE_WITHIN:
             break
         await trio.sleep(0.5)
