@@ -255,14 +255,7 @@ def _evolve_router(config: Config, **changes: Any) -> Config:
 
 
 def _router(doc: Doc, table: Mapping[str, Any], env: Mapping[str, str]) -> RouterSettings:
-    allowed = [spec.name for spec in ROUTER_KEYS]
-    for key, value in table.items():
-        if key not in allowed:
-            raise doc.unknown(f"router.{key}", value, allowed)
-    values: dict[str, Any] = {}
-    for spec in ROUTER_KEYS:
-        raw = table.get(spec.name)
-        values[spec.name] = spec.default if raw is None else doc.check("router", spec, raw)
+    values = doc.keys("router", table, ROUTER_KEYS)
     for name in ("api_keys_file", "history_db", "replica_logs", "kv_store_dir"):
         if values[name] is not None:
             values[name] = doc.path_value(values[name])

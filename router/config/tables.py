@@ -102,7 +102,6 @@ class Doc:
 
 def parse_devices(doc: Doc, table: Mapping[str, Any], num_gpus: int | None) -> FrozenMap[int, DeviceConfig]:
     devices: dict[int, DeviceConfig] = {}
-    allowed = [spec.name for spec in DEVICE_KEYS]
     for key, raw in table.items():
         gpu = _gpu_id_key(key)
         if gpu is None or (num_gpus is not None and gpu >= num_gpus):
@@ -113,13 +112,7 @@ def parse_devices(doc: Doc, table: Mapping[str, Any], num_gpus: int | None) -> F
                 doc.path, f"devices.{key} is invalid: the table name {rule}", key=f"devices.{key}"
             )
         entry = doc.table(f"devices.{key}", raw)
-        for name, value in entry.items():
-            if name not in allowed:
-                raise doc.unknown(f"devices.{key}.{name}", value, allowed)
-        memory = entry.get("memory_mib")
-        if memory is not None:
-            memory = doc.check(f"devices.{key}", DEVICE_KEYS[0], memory)
-        devices[gpu] = DeviceConfig(memory_mib=memory)
+        devices[gpu] = DeviceConfig(**doc.keys(f"devices.{key}", entry, DEVICE_KEYS))
     return FrozenMap(sorted(devices.items()))
 
 
