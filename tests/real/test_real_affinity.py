@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from router.shell.ticket import Ticket
-from tests.support.client import SseEvent, stream
+from tests.support.client import hold_busy
 from tests.support.realharness import real_router
 
 pytestmark = pytest.mark.real
@@ -46,18 +46,8 @@ async def test_each_conversation_returns_to_its_cached_prompt(tmp_path: Path) ->
 
         rt.router.admit = recording  # type: ignore[method-assign]
         async with trio.open_nursery() as nursery:
-            busy = trio.Event()
-
-            def seen(event: SseEvent) -> None:
-                if event.data:
-                    busy.set()
-
-            async def first_of_a() -> None:
-                await stream(rt.client, CHAT, body("astronomy", 1, tokens=400), on_event=seen)
-                busy.set()
-
-            nursery.start_soon(first_of_a)
-            await busy.wait()  # a's first turn holds one replica: b's first turn takes the other
+            # a's first turn holds one replica: b's first turn takes the other
+            await hold_busy(nursery, rt.client, CHAT, body("astronomy", 1, tokens=400))
             reply = await rt.client.post(CHAT, json=body("botany", 1))
             assert reply.status_code == 200, reply.text
         shares: dict[str, list[float]] = {"astronomy": [], "botany": []}

@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from router.shell.ports import free_port
-from tests.support.client import SseEvent, stream
+from tests.support.client import SseEvent, hold_busy, stream
 from tests.support.harness import RouterHandle, serving
 from tests.support.realharness import long_body, real_document
 
@@ -118,18 +118,7 @@ async def test_a_peer_serves_its_models_here_and_a_pool_falls_back_to_it(tmp_pat
 
         # With near busy, the pool's next request goes to the peer before any byte is sent.
         async with trio.open_nursery() as nursery:
-            busy = trio.Event()
-
-            def seen(event: SseEvent) -> None:
-                if event.data:
-                    busy.set()
-
-            async def hog() -> None:
-                await stream(a.client, "/v1/chat/completions", long_body("near", 1900), on_event=seen)
-                busy.set()
-
-            nursery.start_soon(hog)
-            await busy.wait()
+            await hold_busy(nursery, a.client, "/v1/chat/completions", long_body("near", 1900))
             reply = await a.client.post("/v1/chat/completions", json=long_body("auto", 4))
             assert reply.status_code == 200, reply.text
             assert reply.headers["x-router-model"] == "far" and reply.json()["model"] == "far"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.support.client import SseEvent, stream
+from tests.support.client import hold_busy
 from tests.support.realharness import long_body, real_router
 
 pytestmark = pytest.mark.real
@@ -25,18 +25,7 @@ async def test_the_second_member_answers_when_the_primary_is_full(tmp_path: Path
         first = await rt.client.post("/v1/chat/completions", json=long_body("auto", 4))
         assert first.headers["x-router-model"] == "primary" and first.json()["model"] == "primary"
         async with trio.open_nursery() as nursery:
-            busy = trio.Event()
-
-            def seen(event: SseEvent) -> None:
-                if event.data:
-                    busy.set()
-
-            async def hog() -> None:
-                await stream(rt.client, "/v1/chat/completions", long_body("primary", 1900), on_event=seen)
-                busy.set()
-
-            nursery.start_soon(hog)
-            await busy.wait()
+            await hold_busy(nursery, rt.client, "/v1/chat/completions", long_body("primary", 1900))
             reply = await rt.client.post("/v1/chat/completions", json=long_body("auto", 4))
             assert reply.status_code == 200, reply.text
             assert reply.headers["x-router-model"] == "second"

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.support.client import assert_openai_error, chat_body, stream
+from tests.support.client import assert_openai_error, chat_body, hold_busy, stream
 from tests.support.harness import running_router
 
 MODELS = {
@@ -26,21 +26,9 @@ BODIES: dict[str, dict[str, Any]] = {
 }
 
 
-async def _saturate_primary(rt: Any, nursery: trio.Nursery) -> trio.Event:
+async def _saturate_primary(rt: Any, nursery: trio.Nursery) -> None:
     """Start a long request on the primary and return once it generates."""
-    busy = trio.Event()
-
-    async def long() -> None:
-        await stream(
-            rt.client,
-            "/v1/chat/completions",
-            chat_body("big", max_tokens=4000),
-            on_event=lambda e: busy.set() if e.data else None,
-        )
-
-    nursery.start_soon(long)
-    await busy.wait()
-    return busy
+    await hold_busy(nursery, rt.client, "/v1/chat/completions", chat_body("big", max_tokens=4000))
 
 
 async def test_members_load_at_start_and_the_primary_serves_first(tmp_path: Path) -> None:
@@ -86,18 +74,7 @@ async def test_waiters_wake_on_release_and_a_full_routing_queue_answers_503(tmp_
         waiter: dict[str, Any] = {}
         async with trio.open_nursery() as outer, trio.open_nursery() as longs:
             await _saturate_primary(rt, longs)
-            busy = trio.Event()
-
-            async def long_small() -> None:
-                await stream(
-                    rt.client,
-                    "/v1/chat/completions",
-                    chat_body("small", max_tokens=4000),
-                    on_event=lambda e: busy.set() if e.data else None,
-                )
-
-            longs.start_soon(long_small)
-            await busy.wait()
+            await hold_busy(longs, rt.client, "/v1/chat/completions", chat_body("small", max_tokens=4000))
 
             async def wait_for_room() -> None:
                 body = chat_body("auto", max_tokens=2)

@@ -9,7 +9,7 @@ from typing import Any
 import trio
 
 from tests.shell.browser_safety_common import EVIL
-from tests.support.client import assert_openai_error, chat_body, stream
+from tests.support.client import assert_openai_error, chat_body, hold_busy
 from tests.support.harness import running_router
 
 MODELS: dict[str, dict[str, Any]] = {
@@ -55,21 +55,11 @@ async def test_props_lists_capacity_pool_order_and_the_requests_in_flight_and_wa
         assert doc["shutting_down"] is False and doc["default_pool"] is None
 
         async with trio.open_nursery() as nursery:
-            busy = trio.Event()
-
-            async def long() -> None:
-                await stream(
-                    rt.client,
-                    "/v1/chat/completions",
-                    chat_body("chat", max_tokens=4000),
-                    on_event=lambda e: busy.set() if e.data else None,
-                )
 
             async def behind() -> None:
                 await rt.client.post("/v1/chat/completions", json=chat_body("big", max_tokens=2))
 
-            nursery.start_soon(long)
-            await busy.wait()
+            await hold_busy(nursery, rt.client, "/v1/chat/completions", chat_body("chat", max_tokens=4000))
             nursery.start_soon(behind)
             await rt.wait_state(lambda s: s.waiting == 1)
             doc = (await rt.client.get("/props")).json()

@@ -167,6 +167,27 @@ async def stream(
     return result
 
 
+async def hold_busy(
+    nursery: trio.Nursery, client: httpx.AsyncClient, path: str, body: Mapping[str, Any]
+) -> None:
+    """Stream ``body`` in ``nursery`` and return once its first token has arrived (or the stream ended): from
+    then on it holds a slot until the stream ends or the nursery is cancelled."""
+    busy = trio.Event()
+
+    def seen(event: SseEvent) -> None:
+        if event.data:
+            busy.set()
+
+    async def hold() -> None:
+        try:
+            await stream(client, path, body, on_event=seen)
+        finally:
+            busy.set()
+
+    nursery.start_soon(hold)
+    await busy.wait()
+
+
 def chat_body(model: str, text: str = "hello there", **extra: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": text}], **extra}
 
