@@ -1,6 +1,8 @@
 """``python -m router init --models-dir DIR``: a commented TOML configuration to start from.
 
-It holds a ``[router]`` table with the main keys at their defaults, commented out, and one
+It holds a ``[router]`` table with the main keys at their defaults, commented out (comments, defaults and
+the words for computed defaults all come from the key records of ``router.config.schema``, as the README's
+reference does, so they cannot drift from the loader), and one
 ``[models.NAME]`` table per model found in DIR (see ``router.config.model_folder``) with its file, the
 detected GPUs (GPU 0 where none are detected) and its paired ``mmproj``, under a comment with the facts from
 its header and the plan's verdict for it. The output loads as it is: ``python -m router plan --config FILE``.
@@ -15,14 +17,14 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from router.config.keyspec import render_value, spec_by_name
+from router.config.keyspec import KeySpec, render_value, spec_by_name
 from router.config.load import ConfigError, config_from_dict
 from router.config.model_folder import FolderModel, FolderScan
 from router.config.schema import ROUTER_KEYS
 from router.config.source import ConfigSource, folder_table
 from router.deploy.bridge import plan
 
-__all__ = ["init_command", "render_init"]
+__all__ = ["MAIN_KEYS", "init_command", "render_init", "router_key_lines"]
 
 WIDTH = 110
 # The [router] keys a new configuration shows, in this order.
@@ -40,11 +42,12 @@ MAIN_KEYS: tuple[str, ...] = (
     "history_db",
     "replica_logs",
 )
-# Values shown for keys whose default is computed.
+# Example values shown for keys that have no literal default (the default is computed at start: a PATH
+# lookup, a file under the state directory); the comment above them states that default in words.
 _EXAMPLES: Mapping[str, str] = {
     "llama_server": '"/path/to/llama-server"',
-    "history_db": '"~/.local/state/llama-router/history.db"',
-    "replica_logs": '"~/.local/state/llama-router/logs"',
+    "history_db": '"/var/lib/llama-router/history.db"',
+    "replica_logs": '"/var/lib/llama-router/logs"',
 }
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 GiB = 1 << 30
@@ -74,14 +77,13 @@ def render_init(scan: FolderScan, gpu_ids: Sequence[int], document: Mapping[str,
         f"# llama-router configuration for the models in {scan.folder}",
         "# (written by `python -m router init`). Check it with `python -m router plan --config FILE`, run",
         '# it with `python -m router --config FILE`. README.md, "Configuration", describes every key.',
+        "# The [router] keys below are commented out at their defaults; a key whose default is computed",
+        "# states it in words and shows an example value instead.",
         "",
         "[router]",
     ]
     for name in MAIN_KEYS:
-        spec = spec_by_name(ROUTER_KEYS, name)
-        lines += _comment(spec.description.split(". ")[0].rstrip(".") + ".")
-        value = _EXAMPLES.get(name) or render_value(spec.default)
-        lines.append(f"# {name} = {value}")
+        lines += router_key_lines(spec_by_name(ROUTER_KEYS, name))
     for model in scan.models:
         lines += ["", f"[models.{_key(model.name)}]"]
         lines += _comment(_facts(model))
@@ -91,6 +93,18 @@ def render_init(scan: FolderScan, gpu_ids: Sequence[int], document: Mapping[str,
         if model.mmproj is not None:
             lines.append(f"mmproj = {_string(str(model.mmproj))}")
     return "\n".join(lines) + "\n"
+
+
+def router_key_lines(spec: KeySpec) -> list[str]:
+    """A commented-out ``[router]`` key, its comment taken from the schema: the description's first sentence
+    and the key at its default; for a key without a literal default, the whole description with the default
+    in words (the reference's text) after its first sentence, and an example value."""
+    first, _, rest = spec.description.partition(". ")
+    first = first.rstrip(".") + "."
+    if spec.default is not None:
+        return [*_comment(first), f"# {spec.name} = {render_value(spec.default)}"]
+    text = " ".join(filter(None, [first, f"Default: {spec.default_repr()}.", rest, "For example:"]))
+    return [*_comment(text), f"# {spec.name} = {_EXAMPLES[spec.name]}"]
 
 
 def _comment(text: str) -> list[str]:

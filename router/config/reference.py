@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from router.config.keyspec import KeySpec
 from router.config.schema import (
     CACHE_TYPES,
+    DEFAULTABLE_MODEL_KEYS,
     DEVICE_KEYS,
     MODEL_KEYS,
     PEER_KEYS,
@@ -36,6 +37,14 @@ def _table(specs: Sequence[KeySpec], *, with_env: bool) -> str:
             cells.insert(4, f"`{spec.env}`" if spec.env else "")
         rows.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
     return "\n".join(rows)
+
+
+def _defaultable_words() -> str:
+    """The model keys ``[defaults]`` may set, in words: "only `cram`", "`cram` and `kv_store`"."""
+    names = [f"`{name}`" for name in DEFAULTABLE_MODEL_KEYS]
+    if len(names) == 1:
+        return "only " + names[0]
+    return ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def reference_markdown() -> str:
@@ -67,8 +76,9 @@ def reference_markdown() -> str:
         "### `[defaults]`",
         "",
         "llama-server flags applied to every model; a model's own flags win. See the pass-through rules "
-        "under `[models.NAME]`. Of the model keys, only `cram` may be set here too (a model's own `cram` "
-        "wins).",
+        "under `[models.NAME]`. Of the model keys, "
+        + _defaultable_words()
+        + " may be set here too, for every model that does not set its own.",
         "",
         "### `[models.NAME]`",
         "",

@@ -374,7 +374,7 @@ RPC_DEVICE_KEYS: tuple[KeySpec, ...] = (
 )
 
 # Model keys that [defaults] may also set; a model's own value wins.
-DEFAULTABLE_MODEL_KEYS: tuple[str, ...] = ("cram",)
+DEFAULTABLE_MODEL_KEYS: tuple[str, ...] = ("cram", "kv_store")
 
 GPUS_TYPE = 'list of GPU ids, "all" or -1'
 PRICING_TYPE = "table of numbers"
@@ -456,7 +456,7 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
         BOOLEAN,
         True,
         "Save this model's slots before its replicas stop and restore them when it returns (see the "
-        "router's `kv_store`, which turns it off for every model).",
+        "router's `kv_store`, which turns it off for every model). Also settable in `[defaults]`.",
     ),
     KeySpec(
         "pricing",

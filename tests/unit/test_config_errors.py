@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 import pytest
 
+from router.config.keyspec import render_value
 from router.config.load import ConfigError, config_from_dict
 from router.config.schema import ROUTER_KEYS
 from tests.unit.config_builders import FILE, build, deleter, error_of, setter
@@ -229,6 +230,43 @@ def test_cram_in_defaults_applies_to_models_that_do_not_set_it() -> None:
     assert config.models["other"].cram == 0  # the model's own value wins, 0 included
     assert dict(config.defaults) == {"t": 4}  # not a llama-server flag
     assert build(lambda data: None).models["qwen"].cram is None  # unset: sized by placement
+
+
+def test_kv_store_in_defaults_applies_to_models_that_do_not_set_it() -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["defaults"] = {"kv_store": False, "t": 4}
+        data["models"]["other"] = {"model": "/m/other.gguf", "kv_store": True}
+
+    config = build(change)
+    assert config.models["qwen"].kv_store is False
+    assert config.models["small"].kv_store is False
+    assert config.models["other"].kv_store is True  # the model's own value wins
+    assert config.router.kv_store is True  # the router's switch is another key
+    assert dict(config.defaults) == {"t": 4}  # not a llama-server flag
+    assert all(model.kv_store for model in build(lambda data: None).models.values())  # unset: on
+
+
+def test_kv_store_false_on_a_model_wins_over_defaults_true() -> None:
+    def change(data: dict[str, Any]) -> None:
+        data["defaults"] = {"kv_store": True}
+        data["models"]["small"]["kv_store"] = False
+
+    config = build(change)
+    assert config.models["qwen"].kv_store is True
+    assert config.models["small"].kv_store is False
+
+
+@pytest.mark.parametrize("value", [0, "false", [False]])
+def test_kv_store_in_defaults_must_be_a_boolean(value: Any) -> None:
+    err = error_of(setter("defaults.kv_store", value))
+    assert err.key == "defaults.kv_store"
+    assert f"defaults.kv_store = {render_value(value)} is invalid: must be true or false" in str(err)
+
+
+@pytest.mark.parametrize("key", ["--kv_store", "-kv_store"])
+def test_kv_store_written_with_dashes_in_defaults_is_refused(key: str) -> None:
+    message = str(error_of(setter(f"defaults.{key}", False)))
+    assert f"defaults.{key} = false is invalid: write the router key without dashes: kv_store" in message
 
 
 @pytest.mark.parametrize("key", ["---x", "a b", "x=1", "-"])
