@@ -7,13 +7,18 @@ import argparse
 import logging
 import os
 import sys
-import tomllib
-from importlib import metadata
 from pathlib import Path
 
 from router.config.load import ConfigError
 from router.config.source import ConfigSource
-from router.hosts.locate import LlamaServerNotFound
+from router.hosts.locate import (
+    MINIMUM_LLAMA_CPP_BUILD,
+    LlamaServerNotFound,
+    cached_llama_server,
+    find_llama_server,
+)
+from router.hosts.server_build import read_build
+from router.version import package_version
 
 NO_CONFIG = "no configuration: pass --config FILE, --models-dir DIR, or set ROUTER_CONFIG_PATH"
 
@@ -30,34 +35,28 @@ def _source(args: argparse.Namespace) -> ConfigSource | None:
     )
 
 
-def package_version() -> str:
-    """The installed package's version; from pyproject.toml when running from a source tree without one."""
+def version_lines(args: argparse.Namespace) -> list[str]:
+    """``--version``: the router's version (package metadata) and the build of the llama-server it would run
+    (the configured one with --config or --models-dir, else the one found on PATH or installed)."""
+    lines = [f"llama-router {package_version()}"]
+    configured = None
+    source = _source(args)
+    if source is not None:
+        try:
+            configured = source.load().router.llama_server
+        except (ConfigError, OSError) as exc:
+            return [*lines, f"llama-server: not looked up ({exc})"]
     try:
-        return metadata.version("llama-router")
-    except metadata.PackageNotFoundError:
-        pass
-    try:
-        with (Path(__file__).resolve().parent.parent / "pyproject.toml").open("rb") as file:
-            return str(tomllib.load(file)["project"]["version"])
-    except (OSError, KeyError, tomllib.TOMLDecodeError):
-        return "unknown"
-
-
-class _VersionAction(argparse.Action):
-    """``--version``: print the package version and exit 0 (looked up only when asked)."""
-
-    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
-        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
-
-    def __call__(
-        self,
-        parser: argparse.ArgumentParser,
-        namespace: argparse.Namespace,
-        values: object,
-        option_string: str | None = None,
-    ) -> None:
-        print(f"llama-router {package_version()}")
-        parser.exit(0)
+        binary = find_llama_server(configured)
+    except LlamaServerNotFound:
+        if configured:
+            return [*lines, f"llama-server: {configured!r} is missing or not an executable file"]
+        return [*lines, f"llama-server: none found on PATH or at {cached_llama_server()}"]
+    build = read_build(binary)
+    text = build.describe()
+    if build.number is not None and build.number < MINIMUM_LLAMA_CPP_BUILD:
+        text += f"; llama-router needs build b{MINIMUM_LLAMA_CPP_BUILD} or newer"
+    return [*lines, f"llama-server {binary} ({text})"]
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -131,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     # the subcommand (``--models-dir DIR plan``) is not reset by it.
     common = argparse.ArgumentParser(add_help=False)
     _add_common(common, defaults=False)
-    parser.add_argument("--version", action=_VersionAction)
+    parser.add_argument(
+        "--version",
+        action="store_true",
+        help="print the version of llama-router and the build of its llama-server, and exit",
+    )
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("run", help="run the router (the default)", parents=[common])
     plan = sub.add_parser("plan", help="print the memory plan of every model and exit", parents=[common])
@@ -158,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
         # httpx logs every request the router forwards at INFO; INFO is for the router's own decisions.
         logging.getLogger("httpx").setLevel(logging.WARNING)
+    if args.version:
+        print("\n".join(version_lines(args)))
+        parser.exit(0)
     if args.command == "plan":
         return _plan(args)
     if args.command == "init":

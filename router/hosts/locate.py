@@ -11,7 +11,9 @@ import shutil
 from pathlib import Path
 
 BINARY_NAME = "llama-server"
-LLAMA_CPP_RELEASE = "11434"
+LLAMA_CPP_RELEASE = "11434"  # the release scripts/install-llama-server builds (and CI tests against)
+# The oldest llama.cpp build whose llama-server takes every flag the router passes (`--fit` among them).
+MINIMUM_LLAMA_CPP_BUILD = 11434
 INSTALL_COMMAND = "scripts/install-llama-server"
 
 

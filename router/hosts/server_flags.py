@@ -2,9 +2,9 @@
 
 ``accepted_flags(binary)`` runs ``BINARY --help`` and keeps every flag spelling of its option list
 (``-ctk``, ``--cache-type-k``, ...). The result is cached in memory and on disk, under the router's home
-directory as ``flags-<hash>.json``, keyed by the binary's absolute path, modification time and size, so a
-rebuilt binary is asked again. A binary that cannot be run, or whose ``--help`` lists no flags, gives None:
-the caller skips the check (one warning per binary).
+directory as ``flags-<hash>.json`` (``router.hosts.binary_cache``), keyed by the binary's absolute path,
+modification time and size, so a rebuilt binary is asked again. A binary that cannot be run, or whose
+``--help`` lists no flags, gives None: the caller skips the check (one warning per binary).
 
 ``check_flags(config, binary, accepted)`` refuses pass-through keys of ``[defaults]`` and the model tables
 that llama-server would refuse at launch, naming the key, its value and the likely fix ("did you mean").
@@ -12,15 +12,10 @@ that llama-server would refuse at launch, naming the key, its value and the like
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import hashlib
-import json
 import logging
-import os
 import re
 import subprocess
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,12 +23,12 @@ from router.config.keyspec import render_value
 from router.config.llama_args import ROUTER_OWNED, flag_identity, render_flag
 from router.config.schema import DEFAULTABLE_MODEL_KEYS, MODEL_KEYS
 from router.config.values import Config, ConfigError, FlagValue
-from router.hosts.locate import router_home
+from router.hosts.binary_cache import Key, binary_key, read_cached, write_cached
 
 log = logging.getLogger("router")
 
 HELP_TIMEOUT = 30.0
-KEEP_CACHE_FILES = 32
+CACHE_KIND = "flags"
 # Every llama-server has this flag; a help text without it is not llama-server's option list.
 REQUIRED_FLAG = "--port"
 
@@ -53,7 +48,7 @@ _OWNED_BY_KEY = {
 }
 _MODEL_KEYS = tuple(spec.name for spec in MODEL_KEYS)
 
-_memo: dict[tuple[str, int, int], frozenset[str] | None] = {}
+_memo: dict[Key, frozenset[str] | None] = {}
 
 
 def parse_help(text: str) -> frozenset[str]:
@@ -66,56 +61,6 @@ def parse_help(text: str) -> frozenset[str]:
         if column is not None:
             flags.update(_FLAG.findall(column.group(0)))
     return frozenset(flags)
-
-
-def _cache_file(key: tuple[str, int, int]) -> Path:
-    digest = hashlib.sha256("\0".join(str(part) for part in key).encode()).hexdigest()[:16]
-    return router_home() / f"flags-{digest}.json"
-
-
-def _read_cache(path: Path, key: tuple[str, int, int]) -> frozenset[str] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or (data.get("binary"), data.get("mtime_ns"), data.get("size")) != key:
-        return None
-    flags = data.get("flags")
-    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
-        return None
-    return frozenset(flags)
-
-
-def _write_cache(path: Path, key: tuple[str, int, int], flags: frozenset[str]) -> None:
-    """Best effort: a cache that cannot be written only costs one more ``--help`` next time."""
-    data = {"binary": key[0], "mtime_ns": key[1], "size": key[2], "flags": sorted(flags)}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".flags-", suffix=".tmp")
-    except OSError as exc:
-        log.debug("cannot cache the flags of %s in %s: %s", key[0], path.parent, exc)
-        return
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            json.dump(data, file)
-        os.replace(tmp, path)
-    except OSError as exc:
-        log.debug("cannot cache the flags of %s in %s: %s", key[0], path, exc)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        return
-    _prune(path.parent)
-
-
-def _prune(directory: Path) -> None:
-    """Keep the newest KEEP_CACHE_FILES flag caches (every rebuilt or moved binary leaves one behind)."""
-    files = []
-    for path in directory.glob("flags-*.json"):
-        with contextlib.suppress(OSError):
-            files.append((path.stat().st_mtime, path))
-    for _, path in sorted(files, reverse=True)[KEEP_CACHE_FILES:]:
-        with contextlib.suppress(OSError):
-            path.unlink()
 
 
 def _run_help(binary: Path) -> tuple[frozenset[str] | None, str]:
@@ -139,24 +84,30 @@ def _run_help(binary: Path) -> tuple[frozenset[str] | None, str]:
     return flags, ""
 
 
+def _cached_flags(key: Key) -> frozenset[str] | None:
+    data = read_cached(CACHE_KIND, key)
+    flags = None if data is None else data.get("flags")
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        return None
+    return frozenset(flags)
+
+
 def accepted_flags(binary: Path) -> frozenset[str] | None:
     """The flag spellings ``binary`` accepts, from its ``--help`` (cached); None when they cannot be known."""
     try:
-        info = binary.stat()
+        key = binary_key(binary)
     except OSError as exc:
         log.warning("llama-server flags are not checked: cannot read %s: %s", binary, exc.strerror or exc)
         return None
-    key = (str(binary.absolute()), info.st_mtime_ns, info.st_size)
     if key in _memo:
         return _memo[key]
-    cache = _cache_file(key)
-    flags = _read_cache(cache, key)
+    flags = _cached_flags(key)
     if flags is None:
         flags, why = _run_help(binary)
         if flags is None:
             log.warning("llama-server flags in the config are not checked: %s", why)
         else:
-            _write_cache(cache, key, flags)
+            write_cached(CACHE_KIND, key, {"flags": sorted(flags)})
     _memo[key] = flags
     return flags
 

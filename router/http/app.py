@@ -27,7 +27,13 @@ from router.http.request_body import (
 from router.http.request_headers import as_sent, bad_header, headers_too_large
 from router.http.upstream import UpstreamPool
 from router.observe.props import props_document
-from router.observe.status import models_document, named_entry, replica_log, status_document
+from router.observe.status import (
+    health_document,
+    models_document,
+    named_entry,
+    replica_log,
+    status_document,
+)
 from router.shell.reload import reload_config
 from router.shell.runtime import Router
 from statemachine import ReplicaPhase, queries
@@ -94,7 +100,7 @@ def create_app(config: Config, router: Router, pool: UpstreamPool) -> QuartTrio:
 
     @app.route("/health")
     async def health() -> Response:
-        return Response(json.dumps({"status": "ok"}), content_type="application/json")
+        return Response(json.dumps(health_document(router)), content_type="application/json")
 
     @app.route("/v1/models")
     @app.route("/models")

@@ -1,4 +1,4 @@
-"""The documents of /v1/models, /status and /logs/{replica}, built from the router's state."""
+"""The documents of /v1/models, /status, /health and /logs/{replica}, built from the router's state."""
 
 from __future__ import annotations
 
@@ -10,8 +10,10 @@ import trio
 
 from router.config.load import Config, resolve_name
 from router.deploy.rpc_devices import is_rpc, local_gpus
+from router.hosts.server_build import UNKNOWN_BUILD, known_build
 from router.observe.rpc_status import rpc_device_entries
 from router.shell.runtime import Router
+from router.version import package_version
 from statemachine import ModelState, ReplicaPhase, State, model_state, queries, replica_state
 
 LOG_TAIL_BYTES = 1 << 20  # most of a replica's log file that /logs/{replica} sends
@@ -184,6 +186,26 @@ def waiting_for(state: State, target: str) -> int:
     return fifo.count if fifo else 0
 
 
+def llama_server_entries(router: Router) -> list[dict[str, Any]]:
+    """Each llama-server binary the local models run (today the one of ``[router] llama_server``): its
+    path, its llama.cpp build and commit (null: unknown) and its models. The builds are the readings made
+    at start and on reload: nothing is run here."""
+    models: dict[str, list[str]] = {}
+    for name, launch in router.launches.items():
+        models.setdefault(launch.binary, []).append(name)
+    return [
+        {"path": binary, **(known_build(binary) or UNKNOWN_BUILD).as_json(), "models": names}
+        for binary, names in models.items()
+    ]
+
+
+def health_document(router: Router) -> dict[str, Any]:
+    """/health: ok, the router's version and the build of each llama-server binary in use (no paths: the
+    route is open without an API key)."""
+    builds = [{"build": e["build"], "commit": e["commit"]} for e in llama_server_entries(router)]
+    return {"status": "ok", "version": package_version(), "llama_server": builds}
+
+
 def status_document(config: Config, router: Router) -> dict[str, Any]:
     state = router.state
     now = max(state.now, trio.current_time())  # the scheduler's clock only moves with events
@@ -218,6 +240,8 @@ def status_document(config: Config, router: Router) -> dict[str, Any]:
         for name, pool in config.pools.items()
     ]
     return {
+        "version": package_version(),
+        "llama_server": llama_server_entries(router),
         "queue": [
             {"id": q.rid, "target": q.target, "age_s": round(now - q.arrived, 3), "tokens": q.tokens}
             for q in waiting

@@ -31,7 +31,7 @@ from router.http.upstream import UpstreamPool
 from router.journal.history_lock import history_lock
 from router.serve import hypercorn_fixes
 from router.serve.listen import ListenError, open_sockets
-from router.shell.reload import reload_config
+from router.shell.reload import check_llama_servers, reload_config
 from router.shell.runtime import Router
 
 log = logging.getLogger("router")
@@ -74,7 +74,9 @@ def connection_budget(config: Config) -> int:
 def build_router(config: Config, source: ConfigSource | None = None) -> Router:
     """A router for ``config``; ``source`` is where reloads read the configuration again (None: its file)."""
     monitor = GpuMonitor()
-    return Router(prepare(config, monitor), gpus=monitor, source=source)
+    deployment = prepare(config, monitor)
+    check_llama_servers(deployment)
+    return Router(deployment, gpus=monitor, source=source)
 
 
 async def run_server(

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import signal
+import stat
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from tests.support.client import assert_openai_error, chat_body, largest_gap, post_chat, stream
 from tests.support.harness import running_router
 from tests.support.routerproc import router_process
+from tests.support.simtools import read_records
 
 MODELS: dict[str, Any] = {
     "a": {"parallel": 1, "gpus": [0], "sim": {"tokens": 300, "token_rate": 100.0}},
@@ -72,6 +75,50 @@ async def test_an_invalid_new_config_is_refused_and_the_old_one_keeps_serving(tm
         error = assert_openai_error(reply, 400, "invalid_config")
         assert "models.a.parallel = 0" in error["message"]
         assert (await post_chat(rt.client, "a", max_tokens=2)).status_code == 200
+
+
+def _binary_without_fit(dir: Path) -> Path:
+    """A llama-server stand-in of build 9000 whose --help (b11434's, from the fixture) lacks --fit."""
+    help_text = (Path(__file__).resolve().parents[1] / "support" / "llama-server-help.txt").read_text()
+    dir.mkdir(parents=True)
+    kept = [line for line in help_text.splitlines(True) if line != "-fit, --fit\n"]
+    assert len(kept) == len(help_text.splitlines()) - 1
+    (dir / "help.txt").write_text("".join(kept))
+    binary = dir / "llama-server"
+    binary.write_text(
+        "#!/bin/sh\n"
+        f'case "$1" in --help) cat "{dir / "help.txt"}" ;; --version) echo "version: 9000 (deadbee)" >&2 ;; '
+        '*) echo "error: invalid argument: $1" >&2; exit 1 ;; esac\n'
+    )
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR)
+    return binary
+
+
+async def test_a_llama_server_without_a_flag_the_router_passes_is_refused_and_the_old_one_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLAMA_ROUTER_HOME", str(tmp_path / "home"))
+    old = _binary_without_fit(tmp_path / "old")
+    async with running_router(tmp_path, MODELS, router=ROUTER) as rt:
+        sim = str(tmp_path / "sim-llama-server")
+        assert (await post_chat(rt.client, "a", max_tokens=2)).status_code == 200
+        (pid,) = [r["pid"] for r in (await rt.status())["replicas"]]
+        _edit(rt.dir, lambda doc: doc["router"].update(llama_server=str(old)))
+        error = assert_openai_error(await rt.client.post("/reload", json={}), 400, "invalid_config")
+        assert error["message"] == (
+            f"llama-server {old} (build 9000) lacks --fit, which llama-router passes to every replica; "
+            "llama-router needs llama.cpp build b11434 or newer: update llama.cpp or point [router] "
+            "llama_server at a newer binary"
+        )
+        assert rt.router.config.router.llama_server == sim
+        assert {launch.binary for launch in rt.router.launches.values()} == {sim}
+        assert (await post_chat(rt.client, "a", max_tokens=2)).status_code == 200
+        assert (await post_chat(rt.client, "b", max_tokens=2)).status_code == 200  # loads with the old binary
+        status = await rt.status()
+        assert pid in [r["pid"] for r in status["replicas"]]
+        assert [(e["path"], e["build"]) for e in status["llama_server"]] == [(sim, 11434)]
+        argv0 = {record["argv"][0] for m in ("a", "b") for record in read_records(rt.records_of(m))}
+        assert argv0 == {sim}
 
 
 async def test_removed_models_drain_and_their_waiters_are_answered(tmp_path: Path) -> None:

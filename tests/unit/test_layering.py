@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # Bottom to top. A module belongs to the longest prefix listed here.
 LAYERS = (
     ("statemachine",),
-    ("router.frozenmap", "router.placement"),
+    ("router.frozenmap", "router.version", "router.placement"),
     ("router.config",),
     ("router.hosts",),
     ("router.deploy",),

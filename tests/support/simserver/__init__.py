@@ -6,7 +6,8 @@ Run it as ``python -m tests.support.simserver --host 127.0.0.1 --port N -m MODEL
 from the repository root, or through the launcher ``tests.support.simtools.sim_launcher`` writes. Unknown
 flags (``--flag value``, ``--flag=value`` or a bare ``--flag``) are accepted and ignored. ``--help`` (``-h``,
 ``--usage``) prints the flags llama-server b11434 accepts (``tests/support/llama-server-help.txt``) and
-exits, so the router's check of pass-through flags sees the flags a real llama-server accepts.
+exits, so the router's check of pass-through flags sees the flags a real llama-server accepts; ``--version``
+prints b11434's version line (``version: sim (build 11434, commit b0-sim)``) and exits.
 
 Tokenisation rule, used everywhere (prompts, /tokenize, the prompt cache, context checks): one token per
 whitespace-separated word (``str.split()``); a token's id is the CRC-32 of the word's UTF-8 bytes. Generated

@@ -1,5 +1,5 @@
-"""Start-up, model "loading" and shutdown: ``--help``, binding the port, the load log lines (or a
-simulated load failure), the start record a test reads, and SIGTERM.
+"""Start-up, model "loading" and shutdown: ``--help``, ``--version``, binding the port, the load log lines
+(or a simulated load failure), the start record a test reads, and SIGTERM.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from tests.support.simserver.slots import ServerState
 
 HELP_TEXT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "llama-server-help.txt")
 HELP_FLAGS = frozenset({"-h", "--help", "--usage"})
+# What llama-server b11434 prints for --version (on stderr), for the simulator: it takes b11434's flags.
+SIM_BUILD = 11434
+VERSION_TEXT = f"version: sim (build {SIM_BUILD}, commit {BUILD_INFO})\nbuilt with python for simulation\n"
 
 
 def _device_name(options: Options) -> str:
@@ -117,6 +120,9 @@ def main(argv: list[str]) -> int:
         with open(HELP_TEXT, "rb") as f:
             sys.stdout.buffer.write(f.read())
         sys.stdout.flush()
+        return 0
+    if "--version" in argv[1:]:
+        sys.stderr.write(VERSION_TEXT)
         return 0
     options = parse_args(argv[1:])
     problem: str | None = None
