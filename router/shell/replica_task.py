@@ -245,7 +245,7 @@ class ReplicaTask:
             return
         reason = (
             f"llama-server for {spec.model!r} did not answer /health within {spec.load_timeout:g} s; "
-            f"last log lines: {quote_lines(self.log)}"
+            f"log: {quote_lines(self.log)}"
         )
         self.logger.error("[%s] %s", self.label, reason)
         self._emit(ProcessLoadFailed(spec.replica_id, reason))
@@ -307,7 +307,7 @@ class ReplicaTask:
         stopping = f", as it was being stopped ({self.stop_reason})" if self.stop_reason is not None else ""
         return (
             f"llama-server for {self.spec.model!r} exited with {how} {phase}{stopping}; "
-            f"log: {quote_lines(self.log)}"
+            f"log: {quote_lines(self.log, cause=not self.ready)}"
         )
 
     def _died_by_itself(self) -> bool:
