@@ -3,6 +3,8 @@
 What works:
 
 - ``GET /chat/{model}`` redirects to ``/chat/{model}/`` so that the page's relative links resolve below it.
+- ``GET /chat/{model}/`` of a llama-server built without its web UI (its page answers 404) redirects to
+  ``/talk?model={model}``, the router's own chat page.
 - ``GET /chat/{model}/...`` (the page, its assets, ``props``, ``slots``, ``v1/models`` ...) goes to a ready
   replica of the model. When none is ready, the request is admitted like any other (so the model is loaded
   on demand, possibly evicting another) and passed through once the replica answers. These reads hold no
@@ -20,6 +22,7 @@ router requires an API key, a browser cannot send one for the page itself.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from urllib.parse import quote
 
 import trio
 from quart import Response, g, redirect, request
@@ -68,7 +71,7 @@ def register_chat(app: QuartTrio, router: Router, pool: UpstreamPool) -> None:
     def unknown(name: str) -> Response:
         return unknown_model(name, router.config.models)
 
-    async def pass_get(port: int, rest: str, model: str) -> Response:
+    async def pass_get(port: int, rest: str, model: str, name: str) -> Response:
         target = "/" + rest + ("?" + request.query_string.decode("latin-1") if request.query_string else "")
         headers = upstream_headers(as_sent(request.headers.items()), _HOP)
         try:
@@ -76,6 +79,10 @@ def register_chat(app: QuartTrio, router: Router, pool: UpstreamPool) -> None:
             upstream = await pool.send(port, "GET", target, headers)
         except UpstreamError as exc:
             return error_response(502, "upstream_unreachable", f"the replica did not answer: {exc}")
+        if upstream.status_code == 404 and not rest:
+            # A llama-server built without its web UI: the router's own chat page serves the model instead.
+            await upstream.aclose()
+            return redirect(f"../../talk?model={quote(name, safe='')}", 307)  # type: ignore[return-value]
         if upstream.status_code >= 400:
             error = await read_replica_error(model, upstream)
             return Response(error.body, status=error.status, content_type="application/json")
@@ -99,7 +106,7 @@ def register_chat(app: QuartTrio, router: Router, pool: UpstreamPool) -> None:
         if request.method == "GET":
             port = router.ready_port([model])
             if port is not None:
-                return await pass_get(port, rest, model)
+                return await pass_get(port, rest, model, name)
         raw = await read_body()
         stream = False
         doc = None
@@ -144,4 +151,4 @@ def register_chat(app: QuartTrio, router: Router, pool: UpstreamPool) -> None:
             reject = ticket.reject
             return error_response(reject.status, reject.code, reject.message)
         assert ticket.port is not None
-        return await pass_get(ticket.port, rest, model)
+        return await pass_get(ticket.port, rest, model, name)

@@ -129,8 +129,8 @@ async def test_chat_page_loads_the_model_on_demand_and_passes_through(tmp_path: 
         assert props.status_code == 200, props.text
         assert props.json()["model_path"].endswith("alpha.json")
         assert [r.phase for r in h.router.state.replicas] == ["ready"]
-        page = await h.client.get("/chat/alpha/")  # the simulator has no web page: its own 404 comes back
-        assert page.status_code == 404 and page.json()["error"]["type"] == "not_found_error"
+        page = await h.client.get("/chat/alpha/")  # the simulator has no web page: the router's own serves
+        assert page.status_code == 307 and page.headers["location"] == "../../talk?model=alpha"
         models_doc = await h.client.get("/chat/alpha/v1/models")
         assert models_doc.json()["data"][0]["owned_by"] == "llamacpp"
         streamed = await stream(h.client, "/chat/alpha/v1/chat/completions", chat_body("ignored"))

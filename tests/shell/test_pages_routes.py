@@ -91,7 +91,10 @@ async def test_the_chat_index_leaves_the_model_pass_through_as_it_was(tmp_path: 
         assert bare.status_code == 308 and bare.headers["location"] == "chat/"
         page = await h.client.get("/chat/chat/", headers={"accept-encoding": "gzip"})
         assert page.status_code == 200 and "llama.cpp (simulated)" in page.text
+        # A build without its web UI: the router's own chat page serves the model instead.
         no_ui = await h.client.get("/chat/b/")
-        assert no_ui.status_code == 404 and no_ui.json()["error"]["type"] == "not_found_error"
+        assert no_ui.status_code == 307 and no_ui.headers["location"] == "../../talk?model=b"
+        other = await h.client.get("/chat/b/nothing-here")
+        assert other.status_code == 404 and other.json()["error"]["type"] == "not_found_error"
         assert_openai_error(await h.client.get("/chat/nope/"), 404, "model_not_found")
         assert (await h.client.get("/talk", params={"model": "b"})).status_code == 200
