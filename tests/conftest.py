@@ -2,7 +2,8 @@
 tiers: core (the pure scheduler), unit (single modules, no router running), owner (the real Router over a
 fake supervisor, on a mock clock), shell (a router against the simulated llama-server), real (the real
 llama-server on tiny generated models), browser (headless Chromium), docs (README, spec and packaging kept
-true). Tests elsewhere that run the real binary are marked `real`."""
+true), package (the wheel, the sdist, the Docker steps and the NixOS service, each installed as a user
+installs it). Tests elsewhere that run the real binary are marked `real`."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-TIERS = ("core", "unit", "owner", "shell", "real", "browser", "docs")
+TIERS = ("core", "unit", "owner", "shell", "real", "browser", "docs", "package")
 HERE = Path(__file__).resolve().parent
 
 

@@ -43,8 +43,10 @@ def launched(
     cwd: Path | None = None,
     ready_timeout: float = 60.0,
     stop_timeout: float = 10.0,
+    user: int | None = None,
 ) -> Iterator[Launched]:
     """Run ``argv`` (stdout and stderr to ``log_path``) until the block ends; ``url`` is where it serves.
+    ``user``: the uid (and gid) it runs as, for a root test that plays an unprivileged service account.
 
     Raises :class:`NotReady`, naming the process ``name``, when it exits or is not ready within
     ``ready_timeout`` seconds; it is stopped either way."""
@@ -56,6 +58,9 @@ def launched(
             stderr=subprocess.STDOUT,
             env=None if env is None else dict(env),
             cwd=None if cwd is None else str(cwd),
+            user=user,
+            group=user,
+            extra_groups=None if user is None else [],
         )
     server = Launched(url, process, log_path)
     try:
