@@ -4,9 +4,15 @@ self:
 let
   cfg = config.services.llama-router;
   toml = pkgs.formats.toml { };
+  # Everything the router writes lives under the service's StateDirectory (systemd creates it, owned by the
+  # dynamic user; the rest of the file system is read-only to the service): the request history, the
+  # replica logs, the saved KV states (settings.nix) and the cache of each llama-server's flags and build
+  # (XDG_CACHE_HOME below).
+  stateDirectory = "llama-router";
+  stateDir = "/var/lib/${stateDirectory}";
   # The options below, the original llama-router module's names included, as the TOML config's tables.
   settings = import ./settings.nix {
-    inherit cfg;
+    inherit cfg stateDir;
     llamaServer = "${lib.getBin cfg.llamaCpp}/bin/llama-server";
   };
   configFile = toml.generate "llama-router.toml" settings;
@@ -131,11 +137,15 @@ in
       description = "llama-router";
       wantedBy = [ "multi-user.target" ];
       after = [ "network.target" ];
+      environment = {
+        XDG_STATE_HOME = stateDir;
+        XDG_CACHE_HOME = "${stateDir}/cache";
+      };
       serviceConfig = {
         ExecStart = "${lib.getExe cfg.package} --config ${configFile}";
         ExecReload = "${pkgs.coreutils}/bin/kill -HUP $MAINPID";
         DynamicUser = true;
-        StateDirectory = "llama-router";
+        StateDirectory = stateDirectory;
         SupplementaryGroups = [ "video" "render" ];
         Restart = "on-failure";
         KillMode = "mixed";

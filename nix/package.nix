@@ -2,7 +2,8 @@
 
 python3Packages.buildPythonApplication {
   pname = "llama-router";
-  version = "0.1.0";
+  # One version for every install path: the one pyproject.toml gives the wheel.
+  version = (builtins.fromTOML (builtins.readFile ../pyproject.toml)).project.version;
   pyproject = true;
   src = lib.cleanSource ../.;
 

@@ -17,7 +17,9 @@
 #                             gpu_layers, np -> parallel, cost -> pricing
 # Precedence for cram, first found: the model's own cram (or cache-ram), promptCache.ramMiBPerModel.NAME,
 # then promptCache.ramMiB unless [defaults] (presetGlobals or settings.defaults) sets it for every model.
-# Options left null are not written: the router's defaults (or `settings`) apply.
+# Options left null are not written: the router's defaults (or `settings`) apply. The paths the router
+# writes (history_db, replica_logs, kv_store_dir) are under stateDir, the service's StateDirectory: the
+# only folder the service may write.
 { cfg, llamaServer, stateDir ? "/var/lib/llama-router" }:
 
 let
@@ -79,6 +81,7 @@ let
     llama_server = llamaServer;
     history_db = "${stateDir}/history.db";
     replica_logs = "${stateDir}/logs";
+    kv_store_dir = "${stateDir}/kv";
     max_models_per_gpu = opt "maxModelsPerGpu";
     eviction = opt "evictionPolicy";
     queue_head_grace = opt "queueHeadGrace";

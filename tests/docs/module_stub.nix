@@ -60,5 +60,9 @@ in
   modelOptions = builtins.attrNames options.models.type.attrsOf.submodule.options;
   enabled = evaluated.config._if;
   execStart = service.serviceConfig.ExecStart;
+  environment = service.environment;
+  stateDirectory = service.serviceConfig.StateDirectory;
+  dynamicUser = service.serviceConfig.DynamicUser;
+  protectSystem = service.serviceConfig.ProtectSystem;
   firewall = evaluated.config.content.networking.firewall.allowedTCPPorts;
 }

@@ -4,42 +4,18 @@ nix/settings.nix on its own: option names, the config document they render, and 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from router.config.load import config_from_dict
+from tests.support.nix_module import LLAMA_SERVER, ROOT, evaluate_module, nix_eval
 
-ROOT = Path(__file__).resolve().parents[2]
-STUB = ROOT / "tests" / "docs" / "module_stub.nix"
-LLAMA_SERVER = "/nix/store/stub-llama-cpp/bin/llama-server"
-STATE = {"history_db": "/var/lib/llama-router/history.db", "replica_logs": "/var/lib/llama-router/logs"}
-
-
-def nix_eval(tmp_path: Path, expression: str, values: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    nix = shutil.which("nix-instantiate")
-    if nix is None:
-        pytest.skip("nix-instantiate is not installed (Debian package nix-bin)")
-    data = tmp_path / "values.json"
-    data.write_text(json.dumps(values))
-    expr = expression.replace("VALUES", f"(builtins.fromJSON (builtins.readFile {data}))")
-    return subprocess.run(
-        [nix, "--eval", "--strict", "--json", "-E", expr], capture_output=True, text=True, check=False
-    )
-
-
-def evaluate_module(tmp_path: Path, values: dict[str, Any]) -> dict[str, Any]:
-    expr = f"import {STUB} {{ module = {ROOT / 'nix' / 'module.nix'}; values = VALUES; }}"
-    result = nix_eval(tmp_path, expr, values)
-    assert result.returncode == 0, result.stderr
-    doc = json.loads(result.stdout)
-    prefix = "/nix/store/stub-llama-router/bin/llama-router --config toml:"
-    assert doc["execStart"].startswith(prefix), doc["execStart"]
-    doc["config"] = json.loads(doc["execStart"].removeprefix(prefix))
-    return doc
+STATE = {
+    "history_db": "/var/lib/llama-router/history.db",
+    "replica_logs": "/var/lib/llama-router/logs",
+    "kv_store_dir": "/var/lib/llama-router/kv",
+}
 
 
 def render_settings(tmp_path: Path, cfg: dict[str, Any]) -> subprocess.CompletedProcess[str]:
@@ -194,3 +170,12 @@ def test_a_per_model_cap_for_an_unknown_model_is_an_error(tmp_path: Path) -> Non
     result = render_settings(tmp_path, cfg)
     assert result.returncode != 0
     assert "ramMiBPerModel names no model: typo" in result.stderr
+
+
+def test_every_path_the_service_writes_is_under_its_state_directory(tmp_path: Path) -> None:
+    doc = evaluate_module(tmp_path, {"enable": True})
+    state = f"/var/lib/{doc['stateDirectory']}"
+    assert doc["dynamicUser"] is True and doc["protectSystem"] == "strict"
+    for key in ("history_db", "replica_logs", "kv_store_dir"):
+        assert doc["config"]["router"][key].startswith(state + "/"), key
+    assert doc["environment"] == {"XDG_STATE_HOME": state, "XDG_CACHE_HOME": f"{state}/cache"}
