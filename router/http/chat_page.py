@@ -146,7 +146,7 @@ def register_chat(app: QuartTrio, router: Router, pool: UpstreamPool) -> None:
             await ticket.decided.wait()
             decided = True
         finally:
-            router.finish(ticket, completed=decided and ticket.reject is None)
+            ticket.end(completed=decided and ticket.reject is None)
         if ticket.reject is not None:
             reject = ticket.reject
             return error_response(reject.status, reject.code, reject.message)

@@ -59,13 +59,13 @@ class PeerRelay:
         self, ticket: Ticket, method: str, target: str, body: bytes, headers: list[tuple[bytes, bytes]]
     ) -> PeerResponse | None:
         """Send ``ticket``'s request to its peer: the reply, or None when the peer failed it (the scheduler
-        has been told and decides again)."""
+        has been told, through the ticket, and decides again)."""
         router = self.router
         name, model = ticket.peer, ticket.model
         assert name is not None and model is not None
         peer = router.config.peers.get(name)
         if peer is None:
-            router.peer_failed(ticket, "the peer was removed from the configuration", down=False, status=None)
+            ticket.peer_failed("the peer was removed from the configuration", down=False, status=None)
             return None
         sent = [(k, v) for k, v in headers if k.lower() != b"accept-encoding"]
         sent += [(k.encode(), v.encode()) for k, v in peer_headers(peer).items()]
@@ -80,10 +80,10 @@ class PeerRelay:
         try:
             response = await router.peer_http.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            router.peer_failed(ticket, describe_failure(exc), down=True, status=None)
+            ticket.peer_failed(describe_failure(exc), down=True, status=None)
             return None
         except httpx.HTTPError as exc:
-            router.peer_failed(ticket, describe_failure(exc), down=False, status=None)
+            ticket.peer_failed(describe_failure(exc), down=False, status=None)
             return None
         if response.status_code >= 500 and response.status_code != LOOP_DETECTED:
             reply = PeerResponse(response, self.read_timeout)
@@ -93,7 +93,7 @@ class PeerRelay:
                 with trio.CancelScope(shield=True):
                     await reply.aclose()
             reason = f"it answered {response.status_code}: {_error_text(text)}"
-            router.peer_failed(ticket, reason, down=False, status=response.status_code)
+            ticket.peer_failed(reason, down=False, status=response.status_code)
             return None
         ticket.observed.status = response.status_code
         return PeerResponse(response, self.read_timeout)

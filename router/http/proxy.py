@@ -19,6 +19,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Iterable
 
+import attrs
 import trio
 
 from router.http.browser_guard import drop_cors
@@ -33,7 +34,6 @@ from statemachine import Dispatch
 
 KEEPALIVE_AFTER = 1.0
 KEEPALIVE_EVERY = 2.0
-REDISPATCHES = 2  # times a request whose replica refused the connection waits for another
 
 # Headers that belong to one connection, or carry the router's own credentials: never forwarded.
 HOP_BY_HOP = frozenset(
@@ -104,16 +104,25 @@ def _reject_reply(ticket: Ticket) -> Reply:
     return error_reply(ticket.reject.status, ticket.reject.code, ticket.reject.message, headers)
 
 
-def _may_wait_again(ticket: Ticket) -> bool:
-    """A request whose connection was refused may wait for another replica: the scheduler has not ended it,
-    or ended it only because that replica exited (nothing reached the replica, so nothing is lost or
-    repeated by admitting it again)."""
-    return ticket.rejection is None or ticket.rejection.code == "replica_exited"
-
-
 def _broken(exc: UpstreamError) -> str:
     """Why the replica broke off the exchange, or "" when it did not (it only took too long)."""
     return str(exc) if isinstance(exc, UpstreamBroken) else ""
+
+
+@attrs.frozen
+class Answered:
+    """The request was answered without a relay (a rejection, an unreachable replica, a replica's error,
+    a peer's answer): ``reply``, and how its ticket ends."""
+
+    reply: Reply
+    completed: bool
+    broken: str = ""
+
+
+def _as_event(reply: Reply) -> bytes:
+    """An answer given in place of a relay, as the last event of a stream whose head went out already."""
+    body = reply.body if isinstance(reply.body, bytes) else b""
+    return b"data: " + body + b"\n\n"
 
 
 def name_member(body: bytes, model: str) -> bytes:
@@ -150,7 +159,8 @@ class Proxy:
         headers: list[tuple[bytes, bytes]],
         stream: bool,
     ) -> Reply:
-        """The answer to an admitted request; ``headers``: the client's, as ``upstream_headers`` left them."""
+        """The answer to an admitted request; ``headers``: the client's, as ``upstream_headers`` left them.
+        The ticket is ended here when the answer is whole, else by the relay of its body."""
         ticket.observed.stream = stream
         try:
             if not ticket.decided.is_set():
@@ -159,25 +169,19 @@ class Proxy:
             if not ticket.decided.is_set():
                 gen = self._wait_then_relay(ticket, method, path, query, body, headers)
                 return Reply(200, {"content-type": "text/event-stream"}, gen)
-            if ticket.reject is not None:
-                self.router.finish(ticket, completed=False)
-                return _reject_reply(ticket)
-            upstream = await self._open(ticket, method, path, query, body, headers)
-            if isinstance(upstream, Reply):
-                return upstream
-            if upstream.status_code >= 400:
-                error = await self._read_error(ticket, upstream)
-                self.router.finish(ticket, completed=True)
-                return self._error_reply(ticket, upstream, error)
+            opened = await self._open(ticket, method, path, query, body, headers)
         except BaseException:
-            self.router.finish(ticket, completed=False)
+            ticket.end(completed=False)
             raise
-        sse = (upstream.header(b"content-type") or "").startswith("text/event-stream")
-        length = upstream.header(b"content-length")
+        if isinstance(opened, Answered):
+            ticket.end(completed=opened.completed, broken=opened.broken)
+            return opened.reply
+        sse = (opened.header(b"content-type") or "").startswith("text/event-stream")
+        length = opened.header(b"content-length")
         return Reply(
-            upstream.status_code,
-            reply_headers(upstream, ticket.model),
-            self._relay(ticket, upstream, sse),
+            opened.status_code,
+            reply_headers(opened, ticket.model),
+            self._relay(ticket, opened, sse),
             length=int(length) if length is not None and length.isdigit() and not sse else None,
         )
 
@@ -189,48 +193,55 @@ class Proxy:
         query: bytes,
         body: bytes,
         headers: list[tuple[bytes, bytes]],
-    ) -> UpstreamReply | Reply:
+    ) -> UpstreamReply | Answered:
+        """The replica's reply to relay (status below 400), or the answer when there is none to relay."""
+        if ticket.reject is not None:
+            return Answered(_reject_reply(ticket), completed=False)
         target = _target(path, query)
-        while ticket.peer is not None:
-            answer = await self.peers.open(ticket, method, target, body, headers)
-            if answer is not None:
-                return answer
-            await ticket.decided.wait()  # the peer failed it: a pool's next member, or the answer
-            if ticket.reject is not None:
-                self.router.finish(ticket, completed=False)
-                return _reject_reply(ticket)
-        pooled = ticket.target in self.router.state.settings.pools
-        if pooled and ticket.model is not None and ticket.model != ticket.target:
-            body = name_member(body, ticket.model)
-        try:
-            for attempt in range(REDISPATCHES + 1):
-                try:
-                    if ticket.port is None:  # its replica exited as it was chosen: nothing to connect to
-                        raise ConnectFailed("the replica has no port any more")
-                    upstream = await self.pool.send(ticket.port, method, target, headers, body)
-                    break
-                except ConnectFailed as exc:
-                    # Nothing listens there any more (the replica died a moment ago): wait for another one.
-                    if attempt == REDISPATCHES or not _may_wait_again(ticket):
-                        raise
-                    if ticket.rejection is not None:
-                        self.router.retry(ticket)  # the scheduler saw the exit first
-                    else:
-                        self.router.redispatch(ticket, f"connection refused: {exc}")
-                    await ticket.decided.wait()
-                    if ticket.reject is not None and _may_wait_again(ticket):
-                        self.router.retry(ticket)  # the exit reached the scheduler before the refusal
-                        await ticket.decided.wait()
-                    if ticket.reject is not None:
-                        self.router.finish(ticket, completed=False)
-                        return _reject_reply(ticket)
-        except UpstreamError as exc:
-            message = f"the replica of '{ticket.model}' did not answer: {exc}"
-            ticket.observed.fail(502, message)
-            self.router.finish(ticket, completed=True, broken=_broken(exc))
-            return error_reply(502, "upstream_unreachable", message)
-        ticket.observed.status = upstream.status_code
+        upstream: UpstreamReply | None = None
+        while ticket.peer is not None and upstream is None:
+            upstream = await self.peers.open(ticket, method, target, body, headers)
+            if upstream is None:
+                await ticket.decided.wait()  # the peer failed it: a pool's next member, or the answer
+                if ticket.reject is not None:
+                    return Answered(_reject_reply(ticket), completed=False)
+        if upstream is None:
+            pooled = ticket.target in self.router.state.settings.pools
+            if pooled and ticket.model is not None and ticket.model != ticket.target:
+                body = name_member(body, ticket.model)
+            try:
+                upstream = await self._connect(ticket, method, target, headers, body)
+            except UpstreamError as exc:
+                message = f"the replica of '{ticket.model}' did not answer: {exc}"
+                ticket.observed.fail(502, message)
+                return Answered(error_reply(502, "upstream_unreachable", message), True, _broken(exc))
+            if upstream is None:
+                return Answered(_reject_reply(ticket), completed=False)
+            ticket.observed.status = upstream.status_code
+        if upstream.status_code >= 400:
+            error = await read_replica_error(ticket.model, upstream)
+            ticket.observed.fail(error.status, error.message)
+            return Answered(self._error_reply(ticket, upstream, error), completed=True)
         return upstream
+
+    async def _connect(
+        self, ticket: Ticket, method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> UpstreamReply | None:
+        """Send the request to its replica; when nothing listens there any more (the replica died a moment
+        ago), the ticket waits for another one. None: the scheduler answered it instead."""
+        while True:
+            try:
+                if ticket.port is None:  # its replica exited as it was chosen: nothing to connect to
+                    raise ConnectFailed("the replica has no port any more")
+                return await self.pool.send(ticket.port, method, target, headers, body)
+            except ConnectFailed as exc:
+                if not ticket.refused(str(exc)):
+                    raise
+            await ticket.decided.wait()
+            if ticket.reject is not None and ticket.refused("the replica exited", again=True):
+                await ticket.decided.wait()  # the exit reached the scheduler before the refusal
+            if ticket.reject is not None:
+                return None
 
     async def _relay(self, ticket: Ticket, upstream: UpstreamReply, sse: bool) -> AsyncIterator[bytes]:
         # No cancel scope spans a yield here: the exchange ends by itself when the replica goes away.
@@ -250,19 +261,13 @@ class Proxy:
                 # reach this replica (it may be dying) before its exit is reported.
                 with trio.CancelScope(shield=True):
                     await upstream.aclose()
-                self.router.finish(ticket, completed=True, broken=_broken(exc))
+                ticket.end(completed=True, broken=_broken(exc))
                 if sse:
                     yield sse_error(502, "replica_failed", text)
         finally:
             with trio.CancelScope(shield=True):
                 await upstream.aclose()
-            self.router.finish(ticket, completed=completed)
-
-    async def _read_error(self, ticket: Ticket, upstream: UpstreamReply) -> ReplicaError:
-        """Read a replica's error reply and note what the client will get."""
-        error = await read_replica_error(ticket.model, upstream)
-        ticket.observed.fail(error.status, error.message)
-        return error
+            ticket.end(completed=completed)
 
     @staticmethod
     def _error_reply(ticket: Ticket, upstream: UpstreamReply, error: ReplicaError) -> Reply:
@@ -297,31 +302,16 @@ class Proxy:
                 yield self._keepalive(ticket)
                 with trio.move_on_after(KEEPALIVE_EVERY):
                     await ticket.decided.wait()
-            if ticket.reject is not None:
-                self.router.finish(ticket, completed=False)
-                yield sse_error(ticket.reject.status, ticket.reject.code, ticket.reject.message)
-                return
-            upstream = await self._open(ticket, method, path, query, body, headers)
-            error = None
-            if not isinstance(upstream, Reply) and upstream.status_code >= 400:
-                error = await self._read_error(ticket, upstream)
-                self.router.finish(ticket, completed=True)
+            opened = await self._open(ticket, method, path, query, body, headers)
         except BaseException:
-            self.router.finish(ticket, completed=False)
+            ticket.end(completed=False)
             raise
-        if isinstance(upstream, Reply):
-            reject = ticket.reject
-            if reject is not None:  # the scheduler answered it after all (its peer failed it, say)
-                yield sse_error(reject.status, reject.code, reject.message)
-            else:
-                message = f"the replica of '{ticket.model}' did not answer"
-                yield sse_error(502, "upstream_unreachable", message)
+        if isinstance(opened, Answered):
+            ticket.end(completed=opened.completed, broken=opened.broken)
+            yield _as_event(opened.reply)
             return
-        if error is not None:
-            yield b"data: " + error.body + b"\n\n"
-            return
-        sse = (upstream.header(b"content-type") or "").startswith("text/event-stream")
-        relay = self._relay(ticket, upstream, sse)
+        sse = (opened.header(b"content-type") or "").startswith("text/event-stream")
+        relay = self._relay(ticket, opened, sse)
         try:
             async for chunk in relay:
                 yield chunk

@@ -47,7 +47,7 @@ from router.shell.processes import (
 from router.shell.replica_logs import ReplicaLogs
 from router.shell.rpc_probe import RpcProbe
 from router.shell.supervisor import Supervisor
-from router.shell.ticket import Ticket, TicketPhase, record_of
+from router.shell.ticket import Ticket, record_of
 from statemachine import (
     ClientGone,
     Command,
@@ -64,7 +64,6 @@ from statemachine import (
     ReplicaExited,
     ReplicaReady,
     ReplicaUnresponsive,
-    RequestArrived,
     RequestFinished,
     Settings,
     SettingsChanged,
@@ -230,33 +229,21 @@ class Router:
             endpoint,
             client,
             time.time(),
+            owner=self,
             body=body,
             tokens=tokens,
             prefix=prefix,
             local_only=local_only,
         )
         self.tickets[rid] = ticket
-        self.submit(RequestArrived(rid, target, tokens, prefix, local_only))
+        ticket.arrive()
         return ticket
 
-    def finish(self, ticket: Ticket, *, completed: bool, broken: str = "") -> None:
-        """The handler is done with ``ticket``: record it and tell the scheduler what it needs to know. A
-        second call changes nothing. A client gone from a request in flight is reported only now, after the
-        handler closed its upstream exchange, so the scheduler may give the slot to the next request.
-        ``broken``: why the replica broke off the reply (the scheduler then sends it no new work)."""
-        was = ticket.phase
-        if was is TicketPhase.FINISHED:
-            return
-        ticket.phase = TicketPhase.FINISHED
+    def ended(self, ticket: Ticket, completed: bool) -> None:
+        """A ticket's handler ended it: its record goes to the history and the metrics."""
         self._record(ticket, completed)
-        if was is TicketPhase.REJECTED:
-            self._forget(ticket.rid)
-        elif was is TicketPhase.SENT and completed:
-            self.submit(RequestFinished(ticket.rid, broken))
-        else:
-            self.submit(ClientGone(ticket.rid))
 
-    def _forget(self, rid: int) -> None:
+    def forget(self, rid: int) -> None:
         """The one place a ticket is dropped: its handler is done and the scheduler has let go of it."""
         self.tickets.pop(rid, None)
 
@@ -315,7 +302,7 @@ class Router:
         if not (stale_tick or let_go):
             self._step(event)
         if isinstance(event, ClientGone | RequestFinished) and event.rid not in self.state.requests:
-            self._forget(event.rid)
+            self.forget(event.rid)
         self._changed.set()
         self._changed = trio.Event()
 
@@ -348,8 +335,7 @@ class Router:
                     command.code,
                     command.message,
                 )
-                if ticket.rejected(command):
-                    self._forget(rid)
+                ticket.rejected(command)
             case Spawn():
                 self._spawn(command)
             case Kill(replica=replica, model=model, reason=reason, cause=cause):
@@ -492,26 +478,6 @@ class Router:
             self.submit(Tick(trio.current_time()))
 
     # --------------------------------------------------------------------------------- reading
-    def redispatch(self, ticket: Ticket, reason: str) -> None:
-        """The replica ``ticket`` went to refused the connection: let the request wait for another."""
-        ticket.again()
-        self.submit(DispatchFailed(ticket.rid, reason))
-
-    def retry(self, ticket: Ticket) -> None:
-        """The replica ``ticket`` was sent to exited before it could take the request (the connection was
-        refused after the scheduler had ended the request with ``replica_exited``): nothing reached a replica,
-        so the request is admitted again, behind the requests waiting now, instead of failing."""
-        ticket.again()
-        self.submit(
-            RequestArrived(ticket.rid, ticket.target, ticket.tokens, ticket.prefix, ticket.local_only)
-        )
-
-    def peer_failed(self, ticket: Ticket, reason: str, *, down: bool, status: int | None) -> None:
-        """The peer ``ticket`` was forwarded to failed it before any byte reached the client: the scheduler
-        decides again (a pool's next member, or the answer)."""
-        ticket.again()
-        self.submit(PeerFailed(ticket.rid, reason, down, status))
-
     def redeploy(self, deployment: Deployment, changed: frozenset[str]) -> None:
         """Switch to a new deployment: ``changed`` models drain and stop; the rest keep serving."""
         self.deployment = deployment

@@ -36,7 +36,7 @@ async def test_a_request_loads_a_replica_and_is_dispatched_to_its_port(
         await ticket.decided.wait()
         assert ticket.dispatch is not None and ticket.dispatch.replica == 1
         assert ticket.port == sup.spawns[0].port == router.ready_port(["a"])
-        router.finish(ticket, completed=True)
+        ticket.end(completed=True)
         await settle()
         assert not router.state.requests and not router.tickets
         assert [h.kind for h in router.happenings] == ["load", "ready"]

@@ -35,7 +35,7 @@ async def test_a_replica_starts_on_its_shelf_with_the_prompt_that_loads_it(
         assert spec.kv.timeout == 5.0
         sup.ready(1)
         await ticket.decided.wait()
-        router.finish(ticket, completed=True)
+        ticket.end(completed=True)
         router.unload("a", False)
         await settle()
         assert [k.save for k in sup.kills] == [True]
@@ -46,7 +46,7 @@ async def test_a_replica_starts_on_its_shelf_with_the_prompt_that_loads_it(
         # The same model file and flags: the same shelf. A body without a prompt restores the latest state.
         assert sup.spawns[1].kv is not None and sup.spawns[1].kv.shelf == spec.kv.shelf
         assert sup.spawns[1].kv.probe is None
-        router.finish(again, completed=False)
+        again.end(completed=False)
 
 
 async def test_other_cache_flags_mean_another_shelf(
@@ -68,7 +68,7 @@ async def test_a_model_that_opts_out_neither_saves_nor_restores(
         router, sup = owned.router, owned.supervisor
         ticket = await dispatched(owned, "a")
         assert sup.spawns[0].kv is None and _save_path(sup.spawns[0].argv) is None
-        router.finish(ticket, completed=True)
+        ticket.end(completed=True)
         router.unload("a", False)
         await settle()
         assert [k.save for k in sup.kills] == [False]
@@ -83,7 +83,7 @@ async def test_the_router_switch_turns_it_off_for_every_model(
     async with owned_router(tmp_path, {"a": {}}, launcher=launcher, router={"kv_store": False}) as owned:
         ticket = await dispatched(owned, "a")
         assert owned.supervisor.spawns[0].kv is None
-        owned.router.finish(ticket, completed=True)
+        ticket.end(completed=True)
         owned.router.unload("a", False)
         await settle()
         assert [k.save for k in owned.supervisor.kills] == [False]
@@ -98,7 +98,7 @@ async def test_a_forced_stop_of_a_busy_replica_saves_nothing(
         owned.router.unload("a", True)  # forced: the request in flight is cut off
         await settle()
         assert [k.save for k in owned.supervisor.kills] == [False]
-        owned.router.finish(ticket, completed=False)
+        ticket.end(completed=False)
 
 
 async def test_an_evicted_replica_saves_first(
@@ -107,10 +107,10 @@ async def test_an_evicted_replica_saves_first(
     async with owned_router(tmp_path, {"a": {}, "b": {}}, launcher=launcher) as owned:
         router, sup = owned.router, owned.supervisor
         first = await dispatched(owned, "a")
-        router.finish(first, completed=True)
+        first.end(completed=True)
         await settle()
         second = router.admit("b", asked="b", endpoint="/v1/chat/completions", client="t", tokens=8)
         await settle()
         assert [(k.replica, k.save) for k in sup.kills] == [(1, True)]
         assert "evict" in sup.kills[0].reason
-        router.finish(second, completed=False)
+        second.end(completed=False)

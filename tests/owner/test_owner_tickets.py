@@ -23,7 +23,7 @@ async def test_a_client_that_leaves_while_its_replica_loads_is_forgotten(
         ticket = ask(router, "a")
         await settle()
         assert len(sup.spawns) == 1 and router.state.requests[ticket.rid].phase == "queued"
-        router.finish(ticket, completed=False)
+        ticket.end(completed=False)
         await settle()
         assert not router.state.requests and not router.tickets
         sup.ready(1)  # the load goes on; the replica is ready for the next request, not this one
@@ -42,7 +42,7 @@ async def test_a_client_that_leaves_while_the_load_fails_gets_no_reply(
         router, sup = owned.router, owned.supervisor
         ticket = ask(router, "a")
         await settle()
-        router.finish(ticket, completed=False)
+        ticket.end(completed=False)
         sup.load_failed(1, "no /health within 20 s")  # reported before the owner saw the client leave
         await settle()
         assert [k.replica for k in sup.kills] == [1]
@@ -70,7 +70,7 @@ async def test_a_replica_that_exits_under_a_request_fails_it_after_dispatch(
         assert (
             ticket.phase is TicketPhase.REJECTED and ticket.rid in router.tickets
         )  # until its handler is done
-        router.finish(ticket, completed=False)
+        ticket.end(completed=False)
         await settle()
         assert not router.tickets and not router.state.requests
         assert [h.kind for h in router.happenings][-1] == "exited"
@@ -84,7 +84,7 @@ async def test_a_handler_finishing_as_its_replica_exits_is_let_go_once(
         ticket = await dispatched(owned)
         # Both reach the channel before the owner runs: the exit first, then the handler's RequestFinished.
         sup.exit(1, returncode=1)
-        router.finish(ticket, completed=True)
+        ticket.end(completed=True)
         await settle()
         assert ticket.rejection is not None and ticket.rejection.code == "replica_exited"
         assert not router.tickets and not router.state.requests
@@ -97,7 +97,7 @@ async def test_a_refused_connection_sends_the_request_to_another_replica(
         router, sup = owned.router, owned.supervisor
         ticket = await dispatched(owned)
         first = ticket.decided
-        router.redispatch(ticket, "connection refused")
+        assert ticket.refused("connection refused")
         assert ticket.dispatch is None and ticket.port is None and ticket.decided is not first
         await settle()
         # The refusing replica takes no more work and is stopped; the request waits for a new one.
@@ -110,7 +110,7 @@ async def test_a_refused_connection_sends_the_request_to_another_replica(
         await ticket.decided.wait()
         assert ticket.dispatch is not None and ticket.dispatch.replica == 2
         assert ticket.port == sup.spawns[1].port
-        router.finish(ticket, completed=True)
+        ticket.end(completed=True)
         await settle()
         assert not router.tickets and not router.state.requests
 
@@ -123,14 +123,14 @@ async def test_a_redispatch_after_the_replica_exited_gets_the_exit_as_its_answer
         ticket = await dispatched(owned)
         # The connection was refused because the process was already gone; its exit is reported first.
         sup.exit(1, returncode=-9)
-        router.redispatch(ticket, "connection refused")
+        assert ticket.refused("connection refused")
         await ticket.decided.wait()
         assert ticket.dispatch is None
         assert ticket.reject is not None and (ticket.reject.status, ticket.reject.code) == (
             502,
             "replica_exited",
         )
-        router.finish(ticket, completed=False)
+        ticket.end(completed=False)
         await settle()
         assert not router.tickets and not router.state.requests
         assert [s.replica_id for s in sup.spawns] == [1]  # the DispatchFailed never reached the scheduler
@@ -148,8 +148,8 @@ async def test_a_client_gone_in_flight_frees_the_slot_and_a_second_finish_change
         sup.ready(1)
         await first.decided.wait()
         assert first.phase is TicketPhase.SENT and second.phase is TicketPhase.WAITING
-        router.finish(first, completed=False)  # the handler closed the exchange, then reports
-        router.finish(first, completed=True)
+        first.end(completed=False)  # the handler closed the exchange, then reports
+        first.end(completed=True)
         await second.decided.wait()
         await settle()
         assert second.dispatch is not None and second.dispatch.replica == 1  # the slot went on at once
@@ -163,25 +163,25 @@ async def test_a_request_whose_replica_exited_before_taking_it_is_admitted_again
     tmp_path: Path, launcher: Path, autojump_clock: trio.testing.MockClock, refused_first: bool
 ) -> None:
     """The proxy's connection is refused and the scheduler ends the request for the replica's exit, in either
-    order: nothing reached the replica, so ``retry`` admits it again and the next replica serves it."""
+    order: nothing reached the replica, so the ticket admits it again and the next replica serves it."""
     async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
         router, sup = owned.router, owned.supervisor
         ticket = await dispatched(owned)
         sup.exit(1, returncode=-9)
         if refused_first:
-            router.redispatch(ticket, "connection refused")
+            assert ticket.refused("connection refused")
             await ticket.decided.wait()
             assert ticket.reject is not None and ticket.reject.code == "replica_exited"
         else:
             await settle()
             assert ticket.rejection is not None and ticket.rejection.code == "replica_exited"
-        router.retry(ticket)
+        assert ticket.refused("connection refused", again=True)
         assert ticket.rejection is None and ticket.dispatch is None and not ticket.decided.is_set()
         await settle()
         assert [s.replica_id for s in sup.spawns] == [1, 2]
         sup.ready(2)
         await ticket.decided.wait()
         assert ticket.dispatch is not None and ticket.dispatch.replica == 2 and ticket.reject is None
-        router.finish(ticket, completed=True)
+        ticket.end(completed=True)
         await settle()
         assert not router.tickets and not router.state.requests

@@ -29,7 +29,7 @@ async def test_an_idle_replica_is_stopped_exactly_when_its_ttl_runs_out(
         sup.ready(1)
         await ticket.decided.wait()
         await trio.sleep(40.0)  # the reply streams for 40 s
-        router.finish(ticket, completed=True)
+        ticket.end(completed=True)
         await settle()
         done = trio.current_time()
         assert done == 42.5 and not sup.kills
@@ -53,11 +53,11 @@ async def test_a_request_before_the_ttl_moves_the_deadline(
         await settle()
         sup.ready(1)
         await first.decided.wait()
-        router.finish(first, completed=True)
+        first.end(completed=True)
         await trio.sleep(50.0)
         second = ask(router, "a")
         await second.decided.wait()
-        router.finish(second, completed=True)
+        second.end(completed=True)
         await trio.sleep(200.0)
         assert [(k.replica, k.at) for k in sup.kills] == [(1, 110.0)]
 
@@ -75,7 +75,7 @@ async def test_shutdown_stops_a_busy_replica_at_the_end_of_the_grace(
         sup.ready(2)
         await busy.decided.wait()
         await idle.decided.wait()
-        router.finish(idle, completed=True)
+        idle.end(completed=True)
         await trio.sleep(3.0)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(router.shutdown, 30.0)
@@ -117,7 +117,7 @@ async def test_memory_taken_by_others_refuses_the_load_before_any_process_starts
         # The scheduler stops the replica it planned; the supervisor has no process to stop.
         assert [h.kind for h in router.happenings] == ["load_failed", "stop"]
         assert [k.replica for k in sup.kills] == [1] and not sup.processes
-        router.finish(ticket, completed=False)
+        ticket.end(completed=False)
         await settle()
         assert not router.state.replicas and not router.tickets
         # The game ends: the next request loads.

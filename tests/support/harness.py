@@ -136,6 +136,10 @@ async def serving_config(
         logging.getLogger("router").removeHandler(refusals)
     # The shell must never feed the scheduler an event it refuses: that means the two disagree.
     assert not refusals.messages, refusals.messages
+    # Every request's life ended, whatever ended it (an answer, a client gone, a cancellation at any point):
+    # with every handler gone, a ticket that is not finished is a slot the scheduler never got back.
+    unended = {t.rid: t.phase.value for t in the_router.tickets.values() if not t.ended}
+    assert not unended, f"requests whose life never ended: {unended}"
 
 
 class _RefusalWatch(logging.Handler):
