@@ -1,5 +1,10 @@
 """Command line: ``python -m router --config FILE`` (or ``--models-dir DIR``) runs the router; subcommands
-do the rest."""
+do the rest.
+
+Each command imports what it uses, inside its function: ``plan``, ``init``, ``import-config``,
+``make-model`` and ``--version`` load no HTTP stack (hypercorn, quart, httpx, trio, prometheus_client), so
+they start fast and stay small (tests/unit/test_command_imports.py holds them to it).
+"""
 
 from __future__ import annotations
 
@@ -11,14 +16,6 @@ from pathlib import Path
 
 from router.config.load import ConfigError
 from router.config.source import ConfigSource
-from router.hosts.locate import (
-    MINIMUM_LLAMA_CPP_BUILD,
-    LlamaServerNotFound,
-    cached_llama_server,
-    find_llama_server,
-)
-from router.hosts.server_build import read_build
-from router.version import package_version
 
 NO_CONFIG = "no configuration: pass --config FILE, --models-dir DIR, or set ROUTER_CONFIG_PATH"
 
@@ -38,6 +35,15 @@ def _source(args: argparse.Namespace) -> ConfigSource | None:
 def version_lines(args: argparse.Namespace) -> list[str]:
     """``--version``: the router's version (package metadata) and the build of the llama-server it would run
     (the configured one with --config or --models-dir, else the one found on PATH or installed)."""
+    from router.hosts.locate import (
+        MINIMUM_LLAMA_CPP_BUILD,
+        LlamaServerNotFound,
+        cached_llama_server,
+        find_llama_server,
+    )
+    from router.hosts.server_build import read_build
+    from router.version import package_version
+
     lines = [f"llama-router {package_version()}"]
     configured = None
     source = _source(args)
@@ -59,21 +65,28 @@ def version_lines(args: argparse.Namespace) -> list[str]:
     return [*lines, f"llama-server {binary} ({text})"]
 
 
+def fail(message: str) -> int:
+    """A command that cannot do its work: the message on stderr, exit status 2."""
+    print(message, file=sys.stderr)
+    return 2
+
+
 def _run(args: argparse.Namespace) -> int:
-    from router.serve.server import fail, main_run
+    from router.hosts.locate import LlamaServerNotFound
+    from router.serve.listen import ListenError
+    from router.serve.server import main_run
 
     source = _source(args)
     if source is None:
         return fail(NO_CONFIG)
     try:
         return main_run(source.load(), source)
-    except (LlamaServerNotFound, ConfigError) as exc:
+    except (LlamaServerNotFound, ConfigError, ListenError) as exc:
         return fail(str(exc))
 
 
 def _plan(args: argparse.Namespace) -> int:
     from router.deploy.bridge import plan_command
-    from router.serve.server import fail
 
     source = _source(args)
     if source is None:
@@ -83,7 +96,6 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _init(args: argparse.Namespace) -> int:
     from router.cli.init_config import init_command
-    from router.serve.server import fail
 
     if args.models_dir is None:
         return fail("init needs --models-dir DIR: the folder whose GGUF files the configuration serves")

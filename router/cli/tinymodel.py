@@ -10,11 +10,13 @@ Run as ``python -m router make-model OUT [options]`` or call :func:`write_tiny_m
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import struct
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import attrs
 import gguf
@@ -110,27 +112,72 @@ def vocab_file(vocab_dir: Path, name: str) -> Path:
     return path
 
 
-def _field_value(field: Any) -> tuple[Any, GGUFValueType, GGUFValueType | None]:
-    """Value, type and array item type of a GGUF reader field, strings kept as raw bytes."""
-    main = field.types[0]
-    if main == GGUFValueType.ARRAY:
-        sub = field.types[-1]
-        if sub == GGUFValueType.STRING:
-            return [bytes(field.parts[i]) for i in field.data], main, sub
-        return field.contents(), main, sub
-    if main == GGUFValueType.STRING:
-        return bytes(field.parts[-1]), main, None
-    return field.contents(), main, None
+# struct format of one GGUF scalar, by value type.
+_SCALARS: dict[GGUFValueType, str] = {
+    GGUFValueType.UINT8: "B",
+    GGUFValueType.INT8: "b",
+    GGUFValueType.UINT16: "H",
+    GGUFValueType.INT16: "h",
+    GGUFValueType.UINT32: "I",
+    GGUFValueType.INT32: "i",
+    GGUFValueType.FLOAT32: "f",
+    GGUFValueType.BOOL: "?",
+    GGUFValueType.UINT64: "Q",
+    GGUFValueType.INT64: "q",
+    GGUFValueType.FLOAT64: "d",
+}
+
+
+def _unpack(f: BinaryIO, fmt: str) -> Any:
+    size = struct.calcsize(fmt)
+    data = f.read(size)
+    if len(data) != size:
+        raise ValueError(f"{f.name}: truncated GGUF header")
+    return struct.unpack("<" + fmt, data)[0] if len(fmt) == 1 else struct.unpack("<" + fmt, data)
+
+
+def _value(f: BinaryIO, vtype: GGUFValueType) -> Any:
+    """One value of a GGUF key, strings kept as raw bytes, arrays as lists."""
+    if vtype in _SCALARS:
+        return _unpack(f, _SCALARS[vtype])
+    if vtype == GGUFValueType.STRING:
+        return f.read(_unpack(f, "Q"))
+    if vtype == GGUFValueType.ARRAY:
+        return _array(f, GGUFValueType(_unpack(f, "I")))
+    raise ValueError(f"{f.name}: unknown GGUF value type {vtype}")
+
+
+def _array(f: BinaryIO, item: GGUFValueType) -> list[Any]:
+    """The elements of an array whose item type was just read."""
+    n = _unpack(f, "Q")
+    if item in _SCALARS:
+        return list(_unpack(f, f"{n}{_SCALARS[item]}")) if n else []
+    return [_value(f, item) for _ in range(n)]
+
+
+def _tokenizer_keys(vocab_path: Path) -> Iterator[tuple[str, Any, GGUFValueType, GGUFValueType | None]]:
+    """(key, value, type, array item type) of every ``tokenizer.*`` key of a vocab file, in file order.
+
+    Read with a plain sequential parse rather than ``gguf.GGUFReader``, which keeps a numpy view per array
+    element: ~90 MB for a 32k-token vocabulary where these lists take a few.
+    """
+    with open(vocab_path, "rb") as f:
+        if f.read(4) != b"GGUF" or _unpack(f, "I") not in (2, 3):
+            raise ValueError(f"{vocab_path}: not a little-endian GGUF file of version 2 or 3")
+        _unpack(f, "Q")  # tensor count
+        for _ in range(_unpack(f, "Q")):
+            key = f.read(_unpack(f, "Q")).decode("utf-8")
+            vtype = GGUFValueType(_unpack(f, "I"))
+            sub_type = GGUFValueType(_unpack(f, "I")) if vtype == GGUFValueType.ARRAY else None
+            value = _value(f, vtype) if sub_type is None else _array(f, sub_type)
+            if key.startswith("tokenizer."):
+                yield key, value, vtype, sub_type
 
 
 def _copy_tokenizer(writer: gguf.GGUFWriter, vocab_path: Path) -> int:
     """Copy every ``tokenizer.*`` key of a vocab file; return the number of tokens."""
-    reader = gguf.GGUFReader(vocab_path)
     n_vocab = 0
-    for key, field in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        value, vtype, sub_type = _field_value(field)
+    for key, value, vtype, sub_type in _tokenizer_keys(vocab_path):
         writer.add_key_value(key, value, vtype, sub_type)
         if key == gguf.Keys.Tokenizer.LIST:
             n_vocab = len(value)
@@ -145,43 +192,55 @@ def _tensor_name(kind: gguf.MODEL_TENSOR, layer: int | None = None) -> str:
     return f"{name}.weight"
 
 
-def _tensors(shape: TinyShape, n_vocab: int) -> Iterator[tuple[str, np.ndarray, bool]]:
-    """(name, float32 values in numpy order (rows, cols), is_matrix) for every tensor of the model."""
-    rng = np.random.default_rng(shape.seed)
+# One tensor of the model: name, numpy shape (rows, cols), ggml type, and the scale of its random values
+# (None: a norm vector, all ones, always f32).
+_Tensor = tuple[str, tuple[int, ...], GGMLQuantizationType, float | None]
+
+
+def _tensor_plan(shape: TinyShape, n_vocab: int) -> list[_Tensor]:
+    """Every tensor of the model, in file order."""
     t = gguf.MODEL_TENSOR
     e, kv, ff = shape.n_embd, shape.n_embd_kv, shape.n_ff
+    w = shape.tensor_type
 
-    def matrix(rows: int, cols: int, scale: float) -> np.ndarray:
-        return (rng.standard_normal((rows, cols), dtype=np.float32) * np.float32(scale)).astype(np.float32)
-
-    def ones() -> np.ndarray:
-        return np.ones(e, dtype=np.float32)
+    def norm(name: str) -> _Tensor:
+        return name, (e,), GGMLQuantizationType.F32, None
 
     # Unit-scale embeddings; projections scaled by fan-in so activations stay near unit size; a large
     # output scale makes the logits peaked, which keeps greedy decoding stable across batch sizes.
-    yield _tensor_name(t.TOKEN_EMBD), matrix(n_vocab, e, 1.0), True
+    plan: list[_Tensor] = [(_tensor_name(t.TOKEN_EMBD), (n_vocab, e), w, 1.0)]
     for i in range(shape.n_layer):
-        yield _tensor_name(t.ATTN_NORM, i), ones(), False
-        yield _tensor_name(t.ATTN_Q, i), matrix(e, e, 0.5 / e**0.5), True
-        yield _tensor_name(t.ATTN_K, i), matrix(kv, e, 0.5 / e**0.5), True
-        yield _tensor_name(t.ATTN_V, i), matrix(kv, e, 0.5 / e**0.5), True
-        yield _tensor_name(t.ATTN_OUT, i), matrix(e, e, 0.5 / e**0.5), True
-        yield _tensor_name(t.FFN_NORM, i), ones(), False
-        yield _tensor_name(t.FFN_GATE, i), matrix(ff, e, 0.5 / e**0.5), True
-        yield _tensor_name(t.FFN_UP, i), matrix(ff, e, 0.5 / e**0.5), True
-        yield _tensor_name(t.FFN_DOWN, i), matrix(e, ff, 0.5 / ff**0.5), True
-    yield _tensor_name(t.OUTPUT_NORM), ones(), False
+        plan += [
+            norm(_tensor_name(t.ATTN_NORM, i)),
+            (_tensor_name(t.ATTN_Q, i), (e, e), w, 0.5 / e**0.5),
+            (_tensor_name(t.ATTN_K, i), (kv, e), w, 0.5 / e**0.5),
+            (_tensor_name(t.ATTN_V, i), (kv, e), w, 0.5 / e**0.5),
+            (_tensor_name(t.ATTN_OUT, i), (e, e), w, 0.5 / e**0.5),
+            norm(_tensor_name(t.FFN_NORM, i)),
+            (_tensor_name(t.FFN_GATE, i), (ff, e), w, 0.5 / e**0.5),
+            (_tensor_name(t.FFN_UP, i), (ff, e), w, 0.5 / e**0.5),
+            (_tensor_name(t.FFN_DOWN, i), (e, ff), w, 0.5 / ff**0.5),
+        ]
+    plan.append(norm(_tensor_name(t.OUTPUT_NORM)))
     if not shape.tie_output:
-        yield _tensor_name(t.OUTPUT), matrix(n_vocab, e, 4.0 / e**0.5), True
+        plan.append((_tensor_name(t.OUTPUT), (n_vocab, e), w, 4.0 / e**0.5))
+    return plan
 
 
-def _add_tensor(writer: gguf.GGUFWriter, name: str, values: np.ndarray, qtype: GGMLQuantizationType) -> None:
-    if qtype == GGMLQuantizationType.F32:
-        writer.add_tensor(name, values)
-    elif qtype == GGMLQuantizationType.F16:
-        writer.add_tensor(name, values.astype(np.float16))
+def _data(rng: np.random.Generator, tensor: _Tensor) -> np.ndarray:
+    """A tensor's data as the file holds it. The random values are drawn tensor after tensor in file order,
+    so a seed gives the same file."""
+    _, dims, qtype, scale = tensor
+    if scale is None:
+        values = np.ones(dims, dtype=np.float32)
     else:
-        writer.add_tensor(name, quants.quantize(values, qtype), raw_dtype=qtype)
+        values = rng.standard_normal(dims, dtype=np.float32)
+        values *= np.float32(scale)
+    if qtype == GGMLQuantizationType.F32:
+        return values
+    if qtype == GGMLQuantizationType.F16:
+        return values.astype(np.float16)
+    return quants.quantize(values, qtype)
 
 
 def write_tiny_model(path: Path, shape: TinyShape, vocab_dir: Path | None = None) -> Path:
@@ -213,11 +272,19 @@ def write_tiny_model(path: Path, shape: TinyShape, vocab_dir: Path | None = None
         writer.add_file_type(_FILE_TYPES[shape.dtype])
         n_vocab = _copy_tokenizer(writer, vocab_path)
         writer.add_vocab_size(n_vocab)
-        for name, values, is_matrix in _tensors(shape, n_vocab):
-            _add_tensor(writer, name, values, shape.tensor_type if is_matrix else GGMLQuantizationType.F32)
+        # Tensor infos first, then the data one tensor at a time: only one tensor is ever in memory.
+        plan = _tensor_plan(shape, n_vocab)
+        for name, dims, qtype, _ in plan:
+            block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+            # The shape in elements; raw_dtype names the ggml type of the data written below.
+            n_bytes = math.prod(dims) // block * type_size
+            writer.add_tensor_info(name, dims, np.dtype(np.float32), n_bytes, raw_dtype=qtype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+        writer.write_ti_data_to_file()
+        rng = np.random.default_rng(shape.seed)
+        for tensor in plan:
+            writer.write_tensor_data(_data(rng, tensor))
         writer.close()
         tmp.replace(path)
     finally:

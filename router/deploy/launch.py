@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import attrs
 
@@ -15,7 +16,9 @@ from router.config.load import Config, ConfigError, resolve_gpus
 from router.config.values import ModelConfig
 from router.deploy.rpc_devices import exclusive_need, model_devices, rpc_argv, rpc_devices
 from router.placement.prompt_cache import CRAM_MIN_MIB
-from statemachine import DeviceSpec, ModelSpec, Policy, PoolSpec, Settings
+
+if TYPE_CHECKING:
+    from statemachine import Settings
 
 DEFAULT_CTX = 4096
 ALL_LAYERS = 999
@@ -127,6 +130,9 @@ def scheduler_settings(
     """The scheduler's static inputs. A model's devices are its RPC devices (ids from
     ``router.deploy.rpc_devices``) and its GPUs; an RPC device's need is its whole budget (one client at a
     time)."""
+    # Imported here: `plan` and `init` use this module's decisions but not the scheduler.
+    from statemachine import DeviceSpec, ModelSpec, Policy, PoolSpec, Settings
+
     fallback_members = {m for p in config.pools.values() if p.fallback for m in p.members}
     models = []
     for name, model in config.models.items():

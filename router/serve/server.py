@@ -8,7 +8,6 @@ import logging
 import os
 import resource
 import signal
-import sys
 from collections.abc import Callable
 
 import httpx
@@ -30,7 +29,7 @@ from router.http.request_headers import HEADERS_LIMIT
 from router.http.upstream import UpstreamPool
 from router.journal.history_lock import history_lock
 from router.serve import hypercorn_fixes
-from router.serve.listen import ListenError, open_sockets
+from router.serve.listen import open_sockets
 from router.shell.reload import check_llama_servers, reload_config
 from router.shell.runtime import Router
 
@@ -175,18 +174,11 @@ async def _serve_router(
 
 
 def main_run(config: Config, source: ConfigSource | None = None) -> int:
-    """Run the router; the listening socket is bound first, so a taken port fails before anything starts."""
-    try:
-        sockets = open_sockets(hypercorn_config(config), config.router.host, config.router.port)
-    except ListenError as exc:
-        return fail(str(exc))
+    """Run the router; the listening socket is bound first, so a taken port fails before anything starts
+    (:class:`ListenError`, naming the address and what to change)."""
+    sockets = open_sockets(hypercorn_config(config), config.router.host, config.router.port)
     try:
         trio.run(functools.partial(run_server, config, source=source, sockets=sockets))
     except KeyboardInterrupt:
         return 130
     return 0
-
-
-def fail(message: str) -> int:
-    print(message, file=sys.stderr)
-    return 2
