@@ -5,18 +5,6 @@ from __future__ import annotations
 import hmac
 from collections.abc import Mapping, Sequence
 
-from router.http import pages
-
-# /health for probes; the pages and their assets hold no data (they ask for a key themselves).
-OPEN_PATHS = (
-    "/health",
-    "/dash",
-    "/dash/dash.js",
-    "/dash/dash.css",
-    "/dash/dash-plan.js",
-    *pages.OPEN_PATHS,
-)
-
 
 def presented_key(headers: Mapping[str, str]) -> str | None:
     auth = headers.get("authorization", "")

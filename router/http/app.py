@@ -10,8 +10,8 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from router.config.load import Config, resolve_name
-from router.http.access import OPEN_PATHS, key_accepted, presented_key
-from router.http.browser_guard import register_guard
+from router.http.admission import check_head
+from router.http.browser_guard import preflight_headers, register_cors
 from router.http.errors import error_response, internal_error, unknown_model
 from router.http.forward import FORWARDED
 from router.http.proxy import SAFE_SEGMENT, Proxy, upstream_headers
@@ -24,7 +24,7 @@ from router.http.request_body import (
     parse_object,
     read_body,
 )
-from router.http.request_headers import as_sent, bad_header, headers_too_large
+from router.http.request_headers import as_sent
 from router.http.upstream import UpstreamPool
 from router.observe.props import props_document
 from router.observe.status import (
@@ -47,25 +47,36 @@ def create_app(config: Config, router: Router, pool: UpstreamPool) -> QuartTrio:
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 120
     proxy = Proxy(router, pool)
-    register_guard(app, config.router.host, lambda: router.config.router)  # first: before the key check
+    bind_host = config.router.host  # fixed until a restart, like the listening socket
 
     @app.before_request
-    async def check_headers() -> Response | None:
-        too_large = headers_too_large(request.headers.items())
-        if too_large is not None:
-            return error_response(431, "headers_too_large", too_large, {"Connection": "close"})
-        problem = bad_header(request.headers.items())
-        return None if problem is None else error_response(400, "invalid_header", problem)
+    async def admit_head() -> Response | None:
+        """Admission's checks of the head (router.http.admission), before any other hook."""
+        current = router.config.router  # cors_origins and allowed_hosts follow reloads
+        check = check_head(
+            request.method,
+            request.path,
+            request.headers,
+            request.headers.items(),
+            bind_host=bind_host,
+            settings=current,
+            api_keys=router.deployment.api_keys,
+        )
+        verdict = check.verdict
+        g.cors_origin = verdict.cors_origin
+        if verdict.preflight and verdict.cors_origin is not None:
+            headers = preflight_headers(
+                verdict.cors_origin,
+                request.headers.get("access-control-request-headers", ""),
+                request.headers.get("access-control-request-private-network", "").lower() == "true",
+            )
+            return Response("", status=204, headers=headers)
+        refusal = check.refusal
+        if refusal is None:
+            return None
+        return error_response(refusal.status, refusal.code, refusal.message, refusal.headers)
 
-    @app.before_request
-    async def check_key() -> Response | None:
-        keys = router.deployment.api_keys
-        if not keys or request.path in OPEN_PATHS:
-            return None
-        if key_accepted(keys, presented_key(request.headers)):
-            return None
-        message = "a valid API key is required: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
-        return error_response(401, "invalid_api_key", message, {"WWW-Authenticate": "Bearer"})
+    register_cors(app, lambda: router.config.router)
 
     @app.after_request
     async def close_after_unread_body(response: Response) -> Response:

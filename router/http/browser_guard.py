@@ -268,32 +268,12 @@ def _add_vary(response: Response, name: str) -> None:
 # ------------------------------------------------------------------------------------------------- hooks
 
 
-def register_guard(app: QuartTrio, bind_host: str, settings: Callable[[], RouterSettings]) -> None:
-    """Judge every request before the other hooks (register first); add CORS headers to responses.
-
-    ``settings`` gives the current ``[router]`` settings, so cors_origins and allowed_hosts follow reloads;
-    ``bind_host`` is the address the server listens on (fixed until a restart).
-    """
+def register_cors(app: QuartTrio, settings: Callable[[], RouterSettings]) -> None:
+    """Add the CORS headers of the origin the request's admission accepted (``g.cors_origin``) to every
+    response of ``app``; ``settings`` gives the current ``[router]`` settings (cors_origins follow
+    reloads)."""
     # The web stack is imported here, not at the top: the configuration loader uses the checks above.
-    from quart import Response, g, request
-
-    from router.http.errors import error_response
-
-    @app.before_request
-    async def guard() -> Response | None:
-        verdict = judge(request.method, request.path, request.headers, bind_host, settings())
-        g.cors_origin = verdict.cors_origin
-        if verdict.preflight and verdict.cors_origin is not None:
-            headers = preflight_headers(
-                verdict.cors_origin,
-                request.headers.get("access-control-request-headers", ""),
-                request.headers.get("access-control-request-private-network", "").lower() == "true",
-            )
-            return Response("", status=204, headers=headers)
-        if verdict.refusal is not None:
-            refusal = verdict.refusal
-            return error_response(refusal.status, refusal.code, refusal.message, refusal.headers)
-        return None
+    from quart import g, request
 
     @app.after_request
     async def cors_headers(response: Response) -> Response:

@@ -32,10 +32,11 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 
 from router.config.load import Config
+from router.http.admission import unadmitted_endpoint
 from router.http.chat_page import register_chat
 from router.http.errors import error_response
 from router.http.forward import FORWARDED
-from router.http.pages import register_pages
+from router.http.pages import DASH_FILES, register_pages
 from router.http.unadmitted import unadmitted_record
 from router.http.upstream import UpstreamPool
 from router.journal.history import History, HistoryQuery, status_range
@@ -46,13 +47,6 @@ from router.shell.runtime import Router
 from statemachine import queries
 
 STATIC = Path(__file__).resolve().with_name("static")
-_FILES = {
-    "dash.html": "text/html; charset=utf-8",
-    "dash.js": "text/javascript; charset=utf-8",
-    "dash.css": "text/css; charset=utf-8",
-    "dash-plan.js": "text/javascript; charset=utf-8",
-    "dash-rpc.js": "text/javascript; charset=utf-8",
-}
 _FORWARDED = frozenset(FORWARDED)
 
 
@@ -92,20 +86,9 @@ def _json(doc: object, status: int = 200) -> Response:
 
 def _static(name: str) -> Response:
     body = (STATIC / name).read_bytes()
-    response = Response(body, content_type=_FILES[name])
+    response = Response(body, content_type=DASH_FILES[name])
     response.headers["Cache-Control"] = "no-cache"
     return response
-
-
-def _unadmitted_endpoint(path: str, method: str) -> str | None:
-    """The endpoint label of an API call that may have been refused before admission, else None."""
-    if path in _FORWARDED:
-        return path
-    if path.startswith("/upstream/"):
-        return "/upstream"
-    if path.startswith("/chat/") and method == "POST":
-        return "/chat"
-    return None
 
 
 def register_dash(
@@ -122,7 +105,7 @@ def register_dash(
     async def record_unadmitted(response: Response) -> Response:
         if g.get("ticket") is not None or response.status_code < 400:
             return response
-        endpoint = _unadmitted_endpoint(request.path, request.method)
+        endpoint = unadmitted_endpoint(request.path, request.method, _FORWARDED)
         if endpoint is None:
             return response
         asked = (request.view_args or {}).get("model") or (request.view_args or {}).get("name")
@@ -190,7 +173,7 @@ def register_dash(
                 for q in queries.queued(router.state)
             ]
             return _json(doc)
-        if name not in _FILES or name == "dash.html":
+        if name not in DASH_FILES or name == "dash.html":
             return error_response(404, "not_found", f"no dashboard file '{name}'")
         return _static(name)
 

@@ -19,15 +19,13 @@ from typing import Any
 import httpx
 import trio
 
-from router.config.load import Config, resolve_name
-from router.http.access import key_accepted, presented_key
-from router.http.browser_guard import cors_reply_headers, judge
-from router.http.errors import unknown_model_message
+from router.config.load import Config
+from router.http.admission import HeadCheck, check_head, resolve_target
+from router.http.browser_guard import cors_reply_headers
 from router.http.prefix_key import request_chain
 from router.http.proxy import Proxy, upstream_headers
 from router.http.reply import Reply, error_reply, internal_error_reply, send_reply
 from router.http.request_body import BodyError, check_fields, parse_object
-from router.http.request_headers import bad_header, headers_too_large
 from router.http.tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
 from router.http.unadmitted import unadmitted_record
 from router.shell.peers import HOP_HEADER
@@ -66,14 +64,6 @@ FORWARDED = (
 )
 _FORWARDED = frozenset(FORWARDED)
 
-TOKEN_COUNTING = (
-    "/v1/messages/count_tokens",
-    "/tokenize",
-    "/detokenize",
-    "/v1/chat/completions/input_tokens",
-)
-
-
 class _ClientLeft(Exception):
     """The client closed the connection while its request's body was arriving."""
 
@@ -95,7 +85,16 @@ class Forwarder:
         pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw_headers]
         client = scope["client"][0] if scope.get("client") else ""
         settings = self.router.config.router
-        verdict = judge("POST", path, dict(pairs), self.bind_host, settings)
+        check = check_head(
+            "POST",
+            path,
+            _first_values(pairs),
+            pairs,
+            bind_host=self.bind_host,
+            settings=settings,
+            api_keys=self.router.deployment.api_keys,
+        )
+        verdict = check.verdict
         cors_origins = settings.cors_origins
 
         async def answer(reply: Reply, admitted: bool = False) -> None:
@@ -114,7 +113,7 @@ class Forwarder:
                 )
                 self.router.publish(record)
 
-        refusal = self._refusal(verdict, pairs)
+        refusal = self._refusal(check)
         if refusal is not None:
             if _has_body(pairs):  # its body is still on the connection: do not reuse it
                 refusal = Reply(refusal.status, {**refusal.headers, "connection": "close"}, refusal.body)
@@ -152,22 +151,12 @@ class Forwarder:
             finally:
                 nursery.cancel_scope.cancel()
 
-    def _refusal(self, verdict: Any, pairs: list[tuple[str, str]]) -> Reply | None:
+    def _refusal(self, check: HeadCheck) -> Reply | None:
         """The answer to a request refused on its head alone (browser safety, headers, key), else None."""
-        if verdict.refusal is not None:
-            refusal = verdict.refusal
-            return error_reply(refusal.status, refusal.code, refusal.message, refusal.headers)
-        too_large = headers_too_large(pairs)
-        if too_large is not None:
-            return error_reply(431, "headers_too_large", too_large, {"connection": "close"})
-        problem = bad_header(pairs)
-        if problem is not None:
-            return error_reply(400, "invalid_header", problem)
-        keys = self.router.deployment.api_keys
-        if keys and not key_accepted(keys, presented_key(_first_values(pairs))):
-            message = "a valid API key is required: send 'Authorization: Bearer KEY' or 'x-api-key: KEY'"
-            return error_reply(401, "invalid_api_key", message, {"www-authenticate": "Bearer"})
-        return None
+        refusal = check.refusal
+        if refusal is None:
+            return None
+        return error_reply(refusal.status, refusal.code, refusal.message, refusal.headers)
 
     async def _read_body(self, receive: Receive, pairs: list[tuple[str, str]]) -> bytes | Reply:
         limit = self.body_limit
@@ -236,25 +225,10 @@ class Forwarder:
         return reply, True
 
     def _resolve(self, name: Any, path: str) -> tuple[str | None, Reply | None]:
-        config = self.router.config
-        if isinstance(name, str) and name:
-            target = resolve_name(config, name) or self.router.peer_model(name)
-            if target is not None:
-                if path in TOKEN_COUNTING and target in config.pools:
-                    members = ", ".join(config.pools[target].members)
-                    message = f"'{name}' is a pool; token counting needs one of its models: {members}"
-                    return None, error_reply(400, "pool_not_allowed", message)
-                return target, None
-        default = config.router.default_pool
-        if default is not None and path not in TOKEN_COUNTING:
-            return default, None
-        if not name:
-            known = ", ".join(sorted((*config.models, *config.pools)))
-            message = f'the request names no model; add "model" with one of: {known}'
-            return None, error_reply(400, "model_required", message)
-        return None, error_reply(
-            404, "model_not_found", unknown_model_message(name, (*config.models, *config.pools))
-        )
+        target, refusal = resolve_target(self.router.config, self.router.peer_model, name, path)
+        if refusal is not None:
+            return None, error_reply(refusal.status, refusal.code, refusal.message, refusal.headers)
+        return target, None
 
     async def _needed_tokens(self, target: str, body: dict[str, Any]) -> int | None:
         router = self.router

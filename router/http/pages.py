@@ -34,8 +34,21 @@ ASSETS = {
     "chat.js": "text/javascript; charset=utf-8",
     "talk.js": "text/javascript; charset=utf-8",
 }
-# The pages and their files hold no data, so they are served without an API key (see router.http.access).
-OPEN_PATHS = (*PAGES, *(f"/pages/{name}" for name in ASSETS))
+# The dashboard's files, served at /dash/NAME (router.http.dash).
+DASH_FILES = {
+    "dash.html": "text/html; charset=utf-8",
+    "dash.js": "text/javascript; charset=utf-8",
+    "dash.css": "text/css; charset=utf-8",
+    "dash-plan.js": "text/javascript; charset=utf-8",
+    "dash-rpc.js": "text/javascript; charset=utf-8",
+}
+# The pages and their files hold no data, so they are served without an API key (router.http.admission).
+OPEN_PATHS = (
+    *PAGES,
+    *(f"/pages/{name}" for name in ASSETS),
+    "/dash",
+    *(f"/dash/{name}" for name in DASH_FILES if name != "dash.html"),
+)
 
 
 def _file(name: str, content_type: str) -> Response:
