@@ -25,7 +25,6 @@ from router.http.request_body import (
     read_body,
 )
 from router.http.request_headers import as_sent
-from router.http.upstream import UpstreamPool
 from router.observe.props import props_document
 from router.observe.status import (
     health_document,
@@ -41,12 +40,22 @@ from statemachine import ReplicaPhase, queries
 UNLOAD_FIELDS: FieldTypes = {"model": ((str,), "a string"), "force": ((bool,), "a boolean")}
 
 
-def create_app(config: Config, router: Router, pool: UpstreamPool) -> QuartTrio:
+def create_app(config: Config, router: Router, proxy: Proxy) -> QuartTrio:
+    """The quart app: admission's hooks, the error answers, the documents, the admin actions and the
+    ``/upstream`` pass-through (the dashboard and the pages are added by ``router.http.dash``)."""
     app = QuartTrio("llama_router")
     app.config["MAX_CONTENT_LENGTH"] = config.router.max_body_mib * 1024 * 1024
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 120
-    proxy = Proxy(router, pool)
+    _register_admission(app, config, router)
+    _register_errors(app, config)
+    _register_documents(app, router)
+    _register_admin(app, router)
+    _register_upstream(app, router, proxy)
+    return app
+
+
+def _register_admission(app: QuartTrio, config: Config, router: Router) -> None:
     bind_host = config.router.host  # fixed until a restart, like the listening socket
 
     @app.before_request
@@ -84,6 +93,8 @@ def create_app(config: Config, router: Router, pool: UpstreamPool) -> QuartTrio:
             response.headers["Connection"] = "close"
         return response
 
+
+def _register_errors(app: QuartTrio, config: Config) -> None:
     @app.errorhandler(Exception)
     async def unexpected_error(exc: Exception) -> Response:
         return internal_error(exc, request.method, request.path)
@@ -109,6 +120,8 @@ def create_app(config: Config, router: Router, pool: UpstreamPool) -> QuartTrio:
     for route in FORWARDED:
         app.add_url_rule(route, endpoint=route, view_func=served_by_the_data_path, methods=["POST"])
 
+
+def _register_documents(app: QuartTrio, router: Router) -> None:
     @app.route("/health")
     async def health() -> Response:
         return Response(json.dumps(health_document(router)), content_type="application/json")
@@ -150,6 +163,8 @@ def create_app(config: Config, router: Router, pool: UpstreamPool) -> QuartTrio:
         text, source = found
         return Response(text, content_type="text/plain; charset=utf-8", headers={"x-log-source": source})
 
+
+def _register_upstream(app: QuartTrio, router: Router, proxy: Proxy) -> None:
     @app.route("/upstream/<model>/<path:rest>", methods=["GET", "POST"])
     async def upstream(model: str, rest: str) -> Response:
         target = resolve_name(router.config, model)
@@ -174,6 +189,8 @@ def create_app(config: Config, router: Router, pool: UpstreamPool) -> QuartTrio:
         )
         return to_quart(reply)
 
+
+def _register_admin(app: QuartTrio, router: Router) -> None:
     @app.route("/reload", methods=["POST"])
     async def reload() -> Response:
         result = await reload_config(router)
@@ -210,5 +227,3 @@ def create_app(config: Config, router: Router, pool: UpstreamPool) -> QuartTrio:
             await router.wait_until(lambda s: not any(queries.find_replica(s, i) is not None for i in asked))
         doc = {"unloaded": model or "all", "forced": force, "replicas": asked, "waited": wait}
         return Response(json.dumps(doc), content_type="application/json")
-
-    return app

@@ -43,7 +43,7 @@ from router.http.proxy import (
 from router.http.reply import to_quart
 from router.http.request_body import BodyError, parse_json, read_body
 from router.http.request_headers import as_sent
-from router.http.upstream import UpstreamError, UpstreamPool, UpstreamResponse
+from router.http.upstream import UpstreamError, UpstreamResponse
 from router.shell.runtime import Router
 
 _HOP = frozenset(name.encode() for name in HOP_BY_HOP | {"cookie"})
@@ -61,8 +61,8 @@ async def _relay(upstream: UpstreamResponse) -> AsyncIterator[bytes]:
             await upstream.aclose()
 
 
-def register_chat(app: QuartTrio, router: Router, pool: UpstreamPool) -> None:
-    proxy = Proxy(router, pool)
+def register_chat(app: QuartTrio, router: Router, proxy: Proxy) -> None:
+    pool = proxy.pool
 
     def model_of(name: str) -> str | None:
         target = resolve_name(router.config, name)  # the current configuration, reloads included

@@ -1,7 +1,7 @@
 """What the router shows about itself: /metrics, /history, the /dash page and its timeline, /chat/{model}.
 
-``start_observers`` creates the request history, the GPU sampler and the metrics of a router and starts
-their tasks (and the probe of its rpc-servers); ``register_dash`` adds their HTTP routes to the app.
+``register_dash`` adds the HTTP routes of a router's observers (``router.observe.observers``: the request
+history, the GPU sampler and the metrics) to the app.
 Requests refused before admission (no such model, bad JSON, missing API key, body too large) never reach
 the proxy; an ``after_request`` hook records them so that the history and the request counters see every
 API call.
@@ -25,8 +25,6 @@ import json
 import time
 from pathlib import Path
 
-import attrs
-import httpx
 import trio
 from quart import Response, g, request
 from quart_trio import QuartTrio
@@ -37,47 +35,16 @@ from router.http.chat_page import register_chat
 from router.http.errors import error_response
 from router.http.forward import FORWARDED
 from router.http.pages import DASH_FILES, register_pages
+from router.http.proxy import Proxy
 from router.http.unadmitted import unadmitted_record
-from router.http.upstream import UpstreamPool
-from router.journal.history import History, HistoryQuery, status_range
-from router.observe.gpu_sampler import GpuSampler
-from router.observe.metrics import CONTENT_TYPE, RouterMetrics
-from router.observe.rpc_status import held_endpoints, rpc_endpoints
+from router.journal.history import HistoryQuery, status_range
+from router.observe.metrics import CONTENT_TYPE
+from router.observe.observers import Observers
 from router.shell.runtime import Router
 from statemachine import queries
 
 STATIC = Path(__file__).resolve().with_name("static")
 _FORWARDED = frozenset(FORWARDED)
-
-
-@attrs.define(eq=False)
-class Observers:
-    """The parts that watch one router; their tasks run in the nursery given to ``start_observers``."""
-
-    history: History
-    sampler: GpuSampler
-    metrics: RouterMetrics
-
-
-async def start_observers(
-    nursery: trio.Nursery,
-    config: Config,
-    router: Router,
-    client: httpx.AsyncClient,
-    *,
-    sampler: GpuSampler | None = None,
-) -> Observers:
-    settings = config.router
-    history = History(
-        settings.history_db, max_rows=settings.history_max_rows, max_age_days=settings.history_max_age_days
-    )
-    router.record_listeners.append(history.add)
-    sampler = sampler or GpuSampler(router)
-    metrics = RouterMetrics(router, client=client, history=history, sampler=sampler)
-    await nursery.start(history.run)
-    await nursery.start(sampler.run)
-    await nursery.start(router.rpc_probe.run, lambda: rpc_endpoints(router), lambda: held_endpoints(router))
-    return Observers(history, sampler, metrics)
 
 
 def _json(doc: object, status: int = 200) -> Response:
@@ -91,9 +58,7 @@ def _static(name: str) -> Response:
     return response
 
 
-def register_dash(
-    app: QuartTrio, config: Config, router: Router, observers: Observers, pool: UpstreamPool
-) -> None:
+def register_dash(app: QuartTrio, config: Config, router: Router, observers: Observers, proxy: Proxy) -> None:
     history, sampler, metrics = observers.history, observers.sampler, observers.metrics
 
     @app.before_request
@@ -177,5 +142,5 @@ def register_dash(
             return error_response(404, "not_found", f"no dashboard file '{name}'")
         return _static(name)
 
-    register_chat(app, router, pool)
+    register_chat(app, router, proxy)
     register_pages(app)

@@ -64,6 +64,7 @@ FORWARDED = (
 )
 _FORWARDED = frozenset(FORWARDED)
 
+
 class _ClientLeft(Exception):
     """The client closed the connection while its request's body was arriving."""
 

@@ -10,7 +10,6 @@ import resource
 import signal
 from collections.abc import Callable
 
-import httpx
 import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.config import Sockets
@@ -21,15 +20,11 @@ from router.config.load import Config
 from router.config.source import ConfigSource
 from router.deploy.deployment import prepare
 from router.hosts.gpu_monitor import GpuMonitor
-from router.http.app import create_app
-from router.http.dash import register_dash, start_observers
-from router.http.forward import DataPath, Forwarder
-from router.http.proxy import Proxy
 from router.http.request_headers import HEADERS_LIMIT
-from router.http.upstream import UpstreamPool
 from router.journal.history_lock import history_lock
 from router.serve import hypercorn_fixes
 from router.serve.listen import open_sockets
+from router.serve.wiring import replica_client, wire
 from router.shell.reload import check_llama_servers, reload_config
 from router.shell.runtime import Router
 
@@ -102,21 +97,8 @@ async def run_server(
 async def _serve_router(
     config: Config, router: Router, on_ready: Callable[[str], None] | None, sockets: Sockets | None
 ) -> None:
-    # This client talks only to replicas (their /metrics, token counts) and keeps no idle connection to
-    # them: llama-server waits about 0.1 s for each one before it exits when it is stopped.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
-    timeout = httpx.Timeout(connect=10.0, read=config.router.reply_timeout, write=60.0, pool=None)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client, trio.open_nursery() as nursery:
-        observers = await start_observers(nursery, config, router, client)
-        await nursery.start(router.run)
-        pool = UpstreamPool(
-            connect_timeout=10.0, read_timeout=config.router.reply_timeout, write_timeout=60.0
-        )
-        nursery.start_soon(pool.run_sweeper)
-        router.stop_listeners.append(pool.forget_port)
-        app = create_app(config, router, pool)
-        register_dash(app, config, router, observers, pool)
-        data_path = DataPath(app, Forwarder(config, router, Proxy(router, pool), client))
+    async with replica_client(config) as client, trio.open_nursery() as nursery:
+        wired = await wire(nursery, config, router, client)
         http_done = trio.Event()
         hc = hypercorn_config(config)
 
@@ -164,12 +146,12 @@ async def _serve_router(
         if on_ready is not None:
             on_ready(url)
         await worker_serve(
-            wrap_app(data_path, hc.wsgi_max_body_size, None),
+            wrap_app(wired.data_path, hc.wsgi_max_body_size, None),
             hc,
             sockets=sockets,
             shutdown_trigger=http_done.wait,
         )
-        pool.close()
+        wired.pool.close()
         nursery.cancel_scope.cancel()
 
 

@@ -15,6 +15,7 @@ from dockerfile_parse import DockerfileParser
 
 from router.config.load import config_from_dict
 from router.http.app import create_app
+from router.http.proxy import Proxy
 from router.http.upstream import UpstreamPool
 from router.serve.server import build_router
 from tests.support.simconfig import config_document
@@ -101,7 +102,7 @@ async def test_the_healthcheck_asks_a_path_the_app_serves(tmp_path: Path) -> Non
     router = build_router(config)
     try:
         pool = UpstreamPool(connect_timeout=1.0, read_timeout=1.0, write_timeout=1.0)
-        rules = {rule.rule for rule in create_app(config, router, pool).url_map.iter_rules()}
+        rules = {rule.rule for rule in create_app(config, router, Proxy(router, pool)).url_map.iter_rules()}
     finally:
         router.gpus.close()
     assert found.group(2) in rules
