@@ -4,13 +4,14 @@ itself is served by ``router.http.forward`` in front of this app."""
 from __future__ import annotations
 
 import json
+import time
 
 from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from router.config.load import Config, resolve_name
-from router.http.admission import check_head
+from router.http.admission import check_head, unadmitted_endpoint
 from router.http.browser_guard import preflight_headers, register_cors
 from router.http.errors import error_response, internal_error, unknown_model
 from router.http.forward import FORWARDED
@@ -25,6 +26,7 @@ from router.http.request_body import (
     read_body,
 )
 from router.http.request_headers import as_sent
+from router.http.unadmitted import unadmitted_record
 from router.observe.props import props_document
 from router.observe.status import (
     health_document,
@@ -37,6 +39,7 @@ from router.shell.reload import reload_config
 from router.shell.runtime import Router
 from statemachine import ReplicaPhase, queries
 
+_FORWARDED = frozenset(FORWARDED)
 UNLOAD_FIELDS: FieldTypes = {"model": ((str,), "a string"), "force": ((bool,), "a boolean")}
 
 
@@ -56,7 +59,14 @@ def create_app(config: Config, router: Router, proxy: Proxy) -> QuartTrio:
 
 
 def _register_admission(app: QuartTrio, config: Config, router: Router) -> None:
+    """Admission's hooks for the quart app: the checks of the head, and the record of an API call refused
+    before admission (the forwarding path records its own)."""
     bind_host = config.router.host  # fixed until a restart, like the listening socket
+
+    @app.before_request
+    async def note_arrival() -> None:
+        g.arrived = time.time()
+        g.arrived_mono = time.monotonic()
 
     @app.before_request
     async def admit_head() -> Response | None:
@@ -86,6 +96,26 @@ def _register_admission(app: QuartTrio, config: Config, router: Router) -> None:
         return error_response(refusal.status, refusal.code, refusal.message, refusal.headers)
 
     register_cors(app, lambda: router.config.router)
+
+    @app.after_request
+    async def record_unadmitted(response: Response) -> Response:
+        if g.get("ticket") is not None or response.status_code < 400:
+            return response
+        endpoint = unadmitted_endpoint(request.path, request.method, _FORWARDED)
+        if endpoint is None:
+            return response
+        asked = (request.view_args or {}).get("model") or (request.view_args or {}).get("name")
+        record = unadmitted_record(
+            at=g.get("arrived", time.time()),
+            arrived_mono=g.get("arrived_mono", time.monotonic()),
+            client=request.remote_addr or "",
+            endpoint=endpoint,
+            asked=asked,
+            status=response.status_code,
+            body=await response.get_data(),
+        )
+        router.publish(record)
+        return response
 
     @app.after_request
     async def close_after_unread_body(response: Response) -> Response:

@@ -43,8 +43,9 @@ from router.http.proxy import (
 from router.http.reply import to_quart
 from router.http.request_body import BodyError, parse_json, read_body
 from router.http.request_headers import as_sent
-from router.http.upstream import UpstreamError, UpstreamResponse
+from router.http.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from router.shell.runtime import Router
+from router.shell.ticket import Ticket
 
 _HOP = frozenset(name.encode() for name in HOP_BY_HOP | {"cookie"})
 _REPLY_HOP = frozenset(HOP_BY_HOP | {"cookie"})
@@ -61,38 +62,79 @@ async def _relay(upstream: UpstreamResponse) -> AsyncIterator[bytes]:
             await upstream.aclose()
 
 
-def register_chat(app: QuartTrio, router: Router, proxy: Proxy) -> None:
-    pool = proxy.pool
+async def _pass_get(pool: UpstreamPool, port: int, rest: str, model: str, name: str) -> Response:
+    """Relay a GET below ``/chat/{name}/`` to the replica at ``port``; a build without a web UI sends the
+    page's visitor to the router's own chat page."""
+    target = "/" + rest + ("?" + request.query_string.decode("latin-1") if request.query_string else "")
+    headers = upstream_headers(as_sent(request.headers.items()), _HOP)
+    try:
+        # A kept-alive connection the replica closed as it was reused is replaced by the pool itself.
+        upstream = await pool.send(port, "GET", target, headers)
+    except UpstreamError as exc:
+        return error_response(502, "upstream_unreachable", f"the replica did not answer: {exc}")
+    if upstream.status_code == 404 and not rest:
+        # A llama-server built without its web UI: the router's own chat page serves the model instead.
+        await upstream.aclose()
+        return redirect(f"../../talk?model={quote(name, safe='')}", 307)  # type: ignore[return-value]
+    if upstream.status_code >= 400:
+        error = await read_replica_error(model, upstream)
+        return Response(error.body, status=error.status, content_type="application/json")
+    headers_out = drop_cors(merged_headers(upstream, _REPLY_HOP))
+    return Response(_relay(upstream), status=upstream.status_code, headers=headers_out)
 
+
+def _admit(router: Router, model: str, name: str, rest: str, raw: bytes) -> tuple[Ticket, bool]:
+    """Admit a request below ``/chat/{name}/``: its ticket, and whether it streams. A POST's JSON body (if
+    it is JSON) gives the prefix chain and the body a load restores a cached prompt for."""
+    doc = None
+    stream = False
+    prefix: tuple[int, ...] = ()
+    if request.method == "POST":
+        try:
+            doc = parse_json(raw)
+        except BodyError:  # not JSON, or not within the router's limits: the replica judges it
+            doc = None
+        stream = isinstance(doc, dict) and doc.get("stream") is True
+        if isinstance(doc, dict):
+            enabled = router.config.router.prefix_affinity
+            prefix = request_chain(router.deployment.settings, enabled, model, doc, "/" + rest)
+    ticket = router.admit(
+        model,
+        asked=name,
+        endpoint="/chat",
+        client=request.remote_addr or "",
+        tokens=None,
+        body=doc if isinstance(doc, dict) else None,
+        prefix=prefix,
+    )
+    g.ticket = ticket
+    return ticket, stream
+
+
+async def _get_when_loaded(ticket: Ticket, pool: UpstreamPool, rest: str, model: str, name: str) -> Response:
+    """A page read that loaded the model: it holds no slot, so its ticket ends once a replica is chosen."""
+    decided = False
+    try:
+        await ticket.decided.wait()
+        decided = True
+    finally:
+        ticket.end(completed=decided and ticket.reject is None)
+    if ticket.reject is not None:
+        reject = ticket.reject
+        return error_response(reject.status, reject.code, reject.message)
+    assert ticket.port is not None
+    return await _pass_get(pool, ticket.port, rest, model, name)
+
+
+def register_chat(app: QuartTrio, router: Router, proxy: Proxy) -> None:
     def model_of(name: str) -> str | None:
         target = resolve_name(router.config, name)  # the current configuration, reloads included
         return target if target in router.config.models else None
 
-    def unknown(name: str) -> Response:
-        return unknown_model(name, router.config.models)
-
-    async def pass_get(port: int, rest: str, model: str, name: str) -> Response:
-        target = "/" + rest + ("?" + request.query_string.decode("latin-1") if request.query_string else "")
-        headers = upstream_headers(as_sent(request.headers.items()), _HOP)
-        try:
-            # A kept-alive connection the replica closed as it was reused is replaced by the pool itself.
-            upstream = await pool.send(port, "GET", target, headers)
-        except UpstreamError as exc:
-            return error_response(502, "upstream_unreachable", f"the replica did not answer: {exc}")
-        if upstream.status_code == 404 and not rest:
-            # A llama-server built without its web UI: the router's own chat page serves the model instead.
-            await upstream.aclose()
-            return redirect(f"../../talk?model={quote(name, safe='')}", 307)  # type: ignore[return-value]
-        if upstream.status_code >= 400:
-            error = await read_replica_error(model, upstream)
-            return Response(error.body, status=error.status, content_type="application/json")
-        headers_out = drop_cors(merged_headers(upstream, _REPLY_HOP))
-        return Response(_relay(upstream), status=upstream.status_code, headers=headers_out)
-
     @app.route("/chat/<name>")
     async def chat_root(name: str) -> Response:
         if model_of(name) is None:
-            return unknown(name)
+            return unknown_model(name, router.config.models)
         return redirect(f"{name}/", 308)  # type: ignore[return-value]
 
     @app.route("/chat/<name>/", methods=["GET", "POST"], defaults={"rest": ""})
@@ -100,55 +142,24 @@ def register_chat(app: QuartTrio, router: Router, proxy: Proxy) -> None:
     async def chat(name: str, rest: str) -> Response:
         model = model_of(name)
         if model is None:
-            return unknown(name)
+            return unknown_model(name, router.config.models)
         if rest and any(s in ("", ".", "..") or not SAFE_SEGMENT.match(s) for s in rest.split("/")):
             return error_response(400, "invalid_path", f"'{rest}' is not a plain path below the model")
         if request.method == "GET":
             port = router.ready_port([model])
             if port is not None:
-                return await pass_get(port, rest, model, name)
+                return await _pass_get(proxy.pool, port, rest, model, name)
         raw = await read_body()
-        stream = False
-        doc = None
-        prefix: tuple[int, ...] = ()
-        if request.method == "POST":
-            try:
-                doc = parse_json(raw)
-            except BodyError:  # not JSON, or not within the router's limits: the replica judges it
-                doc = None
-            stream = isinstance(doc, dict) and doc.get("stream") is True
-            if isinstance(doc, dict):
-                enabled = router.config.router.prefix_affinity
-                prefix = request_chain(router.deployment.settings, enabled, model, doc, "/" + rest)
-        ticket = router.admit(
-            model,
-            asked=name,
-            endpoint="/chat",
-            client=request.remote_addr or "",
-            tokens=None,
-            body=doc if request.method == "POST" and isinstance(doc, dict) else None,
-            prefix=prefix,
+        ticket, stream = _admit(router, model, name, rest, raw)
+        if request.method == "GET":
+            return await _get_when_loaded(ticket, proxy.pool, rest, model, name)
+        reply = await proxy.respond(
+            ticket,
+            method="POST",
+            path=rest,
+            query=request.query_string,
+            body=raw,
+            headers=upstream_headers(as_sent(request.headers.items())),
+            stream=stream,
         )
-        g.ticket = ticket
-        if request.method == "POST":
-            reply = await proxy.respond(
-                ticket,
-                method="POST",
-                path=rest,
-                query=request.query_string,
-                body=raw,
-                headers=upstream_headers(as_sent(request.headers.items())),
-                stream=stream,
-            )
-            return to_quart(reply)
-        decided = False
-        try:
-            await ticket.decided.wait()
-            decided = True
-        finally:
-            ticket.end(completed=decided and ticket.reject is None)
-        if ticket.reject is not None:
-            reject = ticket.reject
-            return error_response(reject.status, reject.code, reject.message)
-        assert ticket.port is not None
-        return await pass_get(ticket.port, rest, model, name)
+        return to_quart(reply)

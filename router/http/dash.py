@@ -1,10 +1,8 @@
 """What the router shows about itself: /metrics, /history, the /dash page and its timeline, /chat/{model}.
 
 ``register_dash`` adds the HTTP routes of a router's observers (``router.observe.observers``: the request
-history, the GPU sampler and the metrics) to the app.
-Requests refused before admission (no such model, bad JSON, missing API key, body too large) never reach
-the proxy; an ``after_request`` hook records them so that the history and the request counters see every
-API call.
+history, the GPU sampler and the metrics) to the app. (Requests refused before admission are recorded by
+admission's hooks, ``router.http.app``.)
 
 Routes:
 
@@ -22,21 +20,17 @@ Routes:
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import trio
-from quart import Response, g, request
+from quart import Response, request
 from quart_trio import QuartTrio
 
 from router.config.load import Config
-from router.http.admission import unadmitted_endpoint
 from router.http.chat_page import register_chat
 from router.http.errors import error_response
-from router.http.forward import FORWARDED
 from router.http.pages import DASH_FILES, register_pages
 from router.http.proxy import Proxy
-from router.http.unadmitted import unadmitted_record
 from router.journal.history import HistoryQuery, status_range
 from router.observe.metrics import CONTENT_TYPE
 from router.observe.observers import Observers
@@ -44,7 +38,6 @@ from router.shell.runtime import Router
 from statemachine import queries
 
 STATIC = Path(__file__).resolve().with_name("static")
-_FORWARDED = frozenset(FORWARDED)
 
 
 def _json(doc: object, status: int = 200) -> Response:
@@ -60,31 +53,6 @@ def _static(name: str) -> Response:
 
 def register_dash(app: QuartTrio, config: Config, router: Router, observers: Observers, proxy: Proxy) -> None:
     history, sampler, metrics = observers.history, observers.sampler, observers.metrics
-
-    @app.before_request
-    async def note_arrival() -> None:
-        g.arrived = time.time()
-        g.arrived_mono = time.monotonic()
-
-    @app.after_request
-    async def record_unadmitted(response: Response) -> Response:
-        if g.get("ticket") is not None or response.status_code < 400:
-            return response
-        endpoint = unadmitted_endpoint(request.path, request.method, _FORWARDED)
-        if endpoint is None:
-            return response
-        asked = (request.view_args or {}).get("model") or (request.view_args or {}).get("name")
-        record = unadmitted_record(
-            at=g.get("arrived", time.time()),
-            arrived_mono=g.get("arrived_mono", time.monotonic()),
-            client=request.remote_addr or "",
-            endpoint=endpoint,
-            asked=asked,
-            status=response.status_code,
-            body=await response.get_data(),
-        )
-        router.publish(record)
-        return response
 
     @app.route("/metrics")
     async def metrics_text() -> Response:

@@ -15,8 +15,12 @@
     const controller = new AbortController();
     let has = null;
     try {
-      await fetchOk(`chat/${encodeURIComponent(model)}/`, { signal: controller.signal });
-      has = true;
+      // A build without a web UI is answered with a redirect to /talk: not followed, it is an opaque answer.
+      const response = await fetchOk(`chat/${encodeURIComponent(model)}/`, {
+        signal: controller.signal,
+        redirect: "manual",
+      });
+      has = response.type !== "opaqueredirect";
     } catch (err) {
       has = /^404\b/.test(err.message) ? false : null;
     } finally {

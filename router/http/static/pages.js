@@ -73,6 +73,7 @@ window.RouterPages = (() => {
       askForKey();
       throw new Error("this router needs an API key");
     }
+    if (response.type === "opaqueredirect") return response; // asked not to follow it (redirect: "manual")
     if (!response.ok) throw new Error(await errorText(response));
     return response;
   }
