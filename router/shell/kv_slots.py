@@ -9,6 +9,7 @@ starts cold next time. Nothing here raises: every outcome is a :class:`KvOutcome
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +36,28 @@ __all__ = [
 MIN_SHARED_TOKENS = 32
 
 
+class KvAction(enum.StrEnum):
+    SAVE = "save"
+    RESTORE = "restore"
+
+
+class KvResult(enum.StrEnum):
+    SAVED = "saved"  # a save kept the slots' states
+    RESTORED = "restored"  # a restore put a state into a slot
+    EMPTY = "empty"  # nothing to save, or no state of this model to restore
+    NO_MATCH = "no_match"  # states on the shelf, none sharing enough with the prompt
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+
+
 @attrs.frozen
 class KvOutcome:
     """What a save or restore did. ``outcome``: for a save ``saved``, ``empty`` (nothing to keep),
     ``failed`` or ``timeout``; for a restore ``restored``, ``no_match`` (states on the shelf, none sharing
     enough with the prompt), ``empty`` (no state for this model), ``failed`` or ``timeout``."""
 
-    action: str  # "save" or "restore"
-    outcome: str
+    action: KvAction
+    outcome: KvResult
     tokens: int = 0  # tokens saved or restored (for a restore: shared with the prompt, when known)
     nbytes: int = 0
     seconds: float = 0.0
@@ -66,16 +81,19 @@ SAVE_CAUSES = frozenset(
 def describe_kv(result: KvOutcome) -> str:
     """A save or restore in words, for the log and /status."""
     what = {
-        "saved": f"saved {result.tokens} tokens of prompt cache ({result.nbytes >> 20} MiB)",
-        "restored": f"restored a prompt cache sharing {result.tokens} tokens with the request"
+        KvResult.SAVED: f"saved {result.tokens} tokens of prompt cache ({result.nbytes >> 20} MiB)",
+        KvResult.RESTORED: f"restored a prompt cache sharing {result.tokens} tokens with the request"
         if result.slot == 0
         else f"restored a saved prompt cache of {result.tokens} tokens into slot {result.slot}",
-        "empty": "no slot held anything to save" if result.action == "save" else "no saved prompt cache",
-        "no_match": "no saved prompt cache shares enough with the request",
-        "failed": f"{result.action} of the prompt cache failed",
-        "timeout": f"{result.action} of the prompt cache took too long",
-    }.get(result.outcome, result.outcome)
-    detail = f": {result.detail}" if result.detail and result.outcome in ("failed", "timeout") else ""
+        KvResult.EMPTY: "no slot held anything to save"
+        if result.action is KvAction.SAVE
+        else "no saved prompt cache",
+        KvResult.NO_MATCH: "no saved prompt cache shares enough with the request",
+        KvResult.FAILED: f"{result.action} of the prompt cache failed",
+        KvResult.TIMEOUT: f"{result.action} of the prompt cache took too long",
+    }[result.outcome]
+    failed = result.outcome in (KvResult.FAILED, KvResult.TIMEOUT)
+    detail = f": {result.detail}" if result.detail and failed else ""
     return f"{what} in {result.seconds:.2f} s{detail}"
 
 
@@ -116,11 +134,22 @@ async def save_slots(
                     tokens += len(kept)
                     nbytes += int(reply.get("n_written") or 0)
         except (httpx.HTTPError, OSError, ValueError) as exc:
-            return KvOutcome("save", "failed", tokens, nbytes, trio.current_time() - started, str(exc))
+            return KvOutcome(
+                KvAction.SAVE, KvResult.FAILED, tokens, nbytes, trio.current_time() - started, str(exc)
+            )
     seconds = trio.current_time() - started
     if scope.cancelled_caught:
-        return KvOutcome("save", "timeout", tokens, nbytes, seconds, f"gave up after {timeout:g} s")
-    return KvOutcome("save", "saved" if saved else "empty", tokens, nbytes, seconds, f"{saved} slot(s)")
+        return KvOutcome(
+            KvAction.SAVE, KvResult.TIMEOUT, tokens, nbytes, seconds, f"gave up after {timeout:g} s"
+        )
+    return KvOutcome(
+        KvAction.SAVE,
+        KvResult.SAVED if saved else KvResult.EMPTY,
+        tokens,
+        nbytes,
+        seconds,
+        f"{saved} slot(s)",
+    )
 
 
 async def restore_into(
@@ -136,7 +165,7 @@ async def restore_into(
     within ``timeout`` seconds."""
     started = trio.current_time()
     if not store.states(shelf):
-        return KvOutcome("restore", "empty")
+        return KvOutcome(KvAction.RESTORE, KvResult.EMPTY)
     with trio.move_on_after(timeout):
         try:
             prompt = None
@@ -144,10 +173,12 @@ async def restore_into(
                 prompt = await prompt_tokens(http, port, probe, timeout=timeout, add_special=True)
                 if prompt is None:
                     detail = "the prompt could not be tokenised"
-                    return KvOutcome("restore", "failed", 0, 0, trio.current_time() - started, detail)
+                    return KvOutcome(
+                        KvAction.RESTORE, KvResult.FAILED, 0, 0, trio.current_time() - started, detail
+                    )
             found = await trio.to_thread.run_sync(store.best, shelf, prompt, MIN_SHARED_TOKENS)
             if found is None:
-                return KvOutcome("restore", "no_match", 0, 0, trio.current_time() - started)
+                return KvOutcome(KvAction.RESTORE, KvResult.NO_MATCH, 0, 0, trio.current_time() - started)
             state, shared = found
             reply = await call_json(
                 http,
@@ -159,11 +190,18 @@ async def restore_into(
             restored = reply.get("n_restored") if isinstance(reply, dict) else None
             nbytes = int(reply.get("n_read") or 0) if isinstance(reply, dict) else 0
             count = shared or (restored if isinstance(restored, int) else 0)
-            return KvOutcome("restore", "restored", count, nbytes, trio.current_time() - started, state.name)
+            return KvOutcome(
+                KvAction.RESTORE, KvResult.RESTORED, count, nbytes, trio.current_time() - started, state.name
+            )
         except (httpx.HTTPError, OSError, ValueError) as exc:
-            return KvOutcome("restore", "failed", 0, 0, trio.current_time() - started, str(exc))
+            return KvOutcome(KvAction.RESTORE, KvResult.FAILED, 0, 0, trio.current_time() - started, str(exc))
     return KvOutcome(
-        "restore", "timeout", 0, 0, trio.current_time() - started, f"gave up after {timeout:g} s"
+        KvAction.RESTORE,
+        KvResult.TIMEOUT,
+        0,
+        0,
+        trio.current_time() - started,
+        f"gave up after {timeout:g} s",
     )
 
 
@@ -206,10 +244,16 @@ async def restore_others(
                 nbytes = int(reply.get("n_read") or 0) if isinstance(reply, dict) else 0
                 count = restored if isinstance(restored, int) else 0
                 seconds = trio.current_time() - begun
-                results.append(KvOutcome("restore", "restored", count, nbytes, seconds, state.name, slot))
+                results.append(
+                    KvOutcome(KvAction.RESTORE, KvResult.RESTORED, count, nbytes, seconds, state.name, slot)
+                )
         except (httpx.HTTPError, OSError, ValueError) as exc:
-            results.append(KvOutcome("restore", "failed", 0, 0, trio.current_time() - started, str(exc)))
+            results.append(
+                KvOutcome(KvAction.RESTORE, KvResult.FAILED, 0, 0, trio.current_time() - started, str(exc))
+            )
     if scope.cancelled_caught:
         detail = f"gave up after {timeout:g} s"
-        results.append(KvOutcome("restore", "timeout", 0, 0, trio.current_time() - started, detail))
+        results.append(
+            KvOutcome(KvAction.RESTORE, KvResult.TIMEOUT, 0, 0, trio.current_time() - started, detail)
+        )
     return results

@@ -8,14 +8,12 @@ handlers that wait for a decision about their request.
 
 from __future__ import annotations
 
-import collections
 import logging
 import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import attrs
 import httpx
 import trio
 
@@ -28,8 +26,9 @@ from router.deploy.peer_settings import with_peers
 from router.deploy.rpc_devices import local_gpus
 from router.hosts.gpu_monitor import GpuMonitor, Ours
 from router.journal.records import RequestRecord
+from router.shell.happenings import HappeningKind, Happenings, Listener
 from router.shell.kv_policy import kv_launch, saves_before_stop
-from router.shell.kv_slots import KvOutcome, describe_kv
+from router.shell.kv_slots import KvAction, describe_kv
 from router.shell.kv_store import KvStore
 from router.shell.peers import PeerDirectory
 from router.shell.ports import free_port
@@ -57,7 +56,6 @@ from statemachine import (
     Forward,
     IllegalEvent,
     Kill,
-    KillCause,
     LoadFailed,
     PeerFailed,
     Reject,
@@ -86,24 +84,6 @@ from statemachine import (
 log = logging.getLogger("router")
 
 
-@attrs.frozen
-class Happening:
-    """A load, eviction or failure, kept for /status and the dashboard. ``reason`` is for people to read;
-    programs read ``cause``, the scheduler's ``KillCause`` of a ``stop``, and ``asked``, on an ``exited`` or
-    ``load_failed`` that reports a process's end, whether the router stopped it (None where they do not
-    apply)."""
-
-    at: float
-    kind: str
-    model: str
-    replica: int
-    reason: str
-    cause: KillCause | None = None
-    asked: bool | None = None
-    kv: KvOutcome | None = None  # a ``kv_save`` or ``kv_restore``: what it did
-
-
-Listener = Callable[[str, dict[str, Any]], None]
 RecordListener = Callable[[RequestRecord], None]
 
 
@@ -145,8 +125,7 @@ class Router:
         self.rpc_probe = RpcProbe()  # whether each rpc-server answers (probed by the observers)
         self.tickets: dict[int, Ticket] = {}
         self.ports: dict[int, int] = {}
-        self.happenings: collections.deque[Happening] = collections.deque(maxlen=200)
-        self.listeners: list[Listener] = []
+        self.happenings = Happenings()
         # Called with a replica's port as it is told to stop: clients close their idle kept-alive connections
         # to it, which would otherwise hold up llama-server's exit (and so a swap) by about 0.1 s.
         self.stop_listeners: list[Callable[[int], None]] = []
@@ -157,6 +136,11 @@ class Router:
         self._next_rid = 1
         self._timer_scope: trio.CancelScope | None = None
         self._wake_at = math.inf
+
+    @property
+    def listeners(self) -> list[Listener]:
+        """Called with each happening as it is noted (the metrics)."""
+        return self.happenings.listeners
 
     @property
     def config(self) -> Config:
@@ -339,7 +323,7 @@ class Router:
             case Spawn():
                 self._spawn(command)
             case Kill(replica=replica, model=model, reason=reason, cause=cause):
-                self._note("stop", model, replica, reason, cause)
+                self.happenings.note(HappeningKind.STOP, model, replica, reason, cause)
                 found = queries.find_replica(self.state, replica)
                 save = saves_before_stop(self.deployment, found, cause)
                 port = self.ports.get(replica)
@@ -360,7 +344,7 @@ class Router:
         if shortfall is not None:
             # Other programs took the memory this replica was planned for: refuse the load with the sums
             # instead of starting a process into an out-of-memory. No process exists, so it has exited.
-            self._note("load_failed", command.model, command.replica, shortfall)
+            self.happenings.note(HappeningKind.LOAD_REFUSED, command.model, command.replica, shortfall)
             self.submit(LoadFailed(command.replica, shortfall))
             self.submit(ReplicaExited(command.replica, "not started: " + shortfall))
             return
@@ -384,7 +368,7 @@ class Router:
             hang_timeout=self.config.router.hang_timeout,
             kv=kv,
         )
-        self._note("load", command.model, command.replica, command.reason)
+        self.happenings.note(HappeningKind.LOAD, command.model, command.replica, command.reason)
         self.supervisor.spawn(spec)
 
     def _replica_dir(self) -> str | None:
@@ -422,20 +406,22 @@ class Router:
     def _from_supervisor(self, report: SupervisorEvent) -> None:
         match report:
             case ProcessReady(replica_id=replica):
-                self._note("ready", self._model_of(replica), replica, "answered /health")
+                self.happenings.note(
+                    HappeningKind.READY, self._model_of(replica), replica, "answered /health"
+                )
                 self.submit(ReplicaReady(replica))
             case ProcessLoadFailed(replica_id=replica, reason=reason):
-                self._note("load_failed", self._model_of(replica), replica, reason)
+                self.happenings.note(HappeningKind.LOAD_FAILED, self._model_of(replica), replica, reason)
                 self.submit(LoadFailed(replica, reason))
             case ProcessUnresponsive(replica_id=replica, reason=reason):
-                self._note("unresponsive", self._model_of(replica), replica, reason)
+                self.happenings.note(HappeningKind.UNRESPONSIVE, self._model_of(replica), replica, reason)
                 self.submit(ReplicaUnresponsive(replica, reason))
             case ProcessKv(replica_id=replica, result=result):
-                kind = f"kv_{result.action}"
-                self._note(kind, self._model_of(replica), replica, describe_kv(result), kv=result)
+                kind = HappeningKind.KV_SAVE if result.action is KvAction.SAVE else HappeningKind.KV_RESTORE
+                self.happenings.note(kind, self._model_of(replica), replica, describe_kv(result), kv=result)
             case ProcessExited(replica_id=replica, reason=reason, during_load=during_load, asked=asked):
-                kind = "load_failed" if during_load and not asked else "exited"
-                self._note(kind, self._model_of(replica), replica, reason, asked=asked)
+                kind = HappeningKind.LOAD_FAILED if during_load and not asked else HappeningKind.EXITED
+                self.happenings.note(kind, self._model_of(replica), replica, reason, asked=asked)
                 self.ports.pop(replica, None)
                 self.submit(ReplicaExited(replica, reason))
 
@@ -445,28 +431,6 @@ class Router:
             return found.model
         info = self.supervisor.info(replica)
         return info.model if info is not None else "?"
-
-    def _note(
-        self,
-        kind: str,
-        model: str,
-        replica: int,
-        reason: str,
-        cause: KillCause | None = None,
-        *,
-        asked: bool | None = None,
-        kv: KvOutcome | None = None,
-    ) -> None:
-        happening = Happening(time.time(), kind, model, replica, reason, cause, asked, kv)
-        self.happenings.append(happening)
-        failed = kv is not None and kv.outcome in ("failed", "timeout")
-        level = logging.WARNING if kind in ("load_failed", "unresponsive") or failed else logging.INFO
-        log.log(level, "%s %s (replica %d): %s", kind, model, replica, reason)
-        for listener in self.listeners:
-            try:
-                listener(kind, attrs.asdict(happening))
-            except Exception:  # the metrics' faults stay theirs; the owner task must go on
-                log.exception("a happening listener failed")
 
     async def _timer(self) -> None:
         while True:

@@ -115,7 +115,7 @@ async def test_memory_taken_by_others_refuses_the_load_before_any_process_starts
         assert "not enough GPU memory to start small" in ticket.reject.message
         assert "pid 31337" in ticket.reject.message
         # The scheduler stops the replica it planned; the supervisor has no process to stop.
-        assert [h.kind for h in router.happenings] == ["load_failed", "stop"]
+        assert [h.kind for h in router.happenings] == ["load_refused", "stop"]
         assert [k.replica for k in sup.kills] == [1] and not sup.processes
         ticket.end(completed=False)
         await settle()

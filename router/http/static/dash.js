@@ -514,7 +514,7 @@
     $("peers-hint").textContent = `${peers.length} configured` + (down ? `, ${down} down` : "");
   }
 
-  const KIND = { load: "loading", ready: "ready", load_failed: "load failed", stop: "stopped", exited: "exited" };
+  const KIND = { load: "loading", ready: "ready", load_failed: "load failed", load_refused: "load refused", stop: "stopped", exited: "exited" };
 
   function renderEvents() {
     const st = store.status;
