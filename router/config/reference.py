@@ -8,11 +8,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from router.config.keyspec import KeySpec
+from router.config.model_keys import DEFAULTABLE_MODEL_KEYS, MODEL_KEYS
 from router.config.schema import (
     CACHE_TYPES,
-    DEFAULTABLE_MODEL_KEYS,
     DEVICE_KEYS,
-    MODEL_KEYS,
     PEER_KEYS,
     POOL_KEYS,
     ROUTER_KEYS,

@@ -2,7 +2,8 @@
 table.
 
 Every table of the configuration file is described by a tuple of KeySpec records (``router.config.keyspec``
-holds the record and the checks derived from it). The loader in ``router.config.load`` validates plain keys
+holds the record and the checks derived from it; ``router.config.model_keys`` the records of a model's
+table, the longest). The loader in ``router.config.load`` validates plain keys
 against them, and :func:`router.config.reference.reference_markdown` renders the same records as the
 configuration reference, so the documentation and the checks cannot drift apart.
 """
@@ -373,108 +374,6 @@ RPC_DEVICE_KEYS: tuple[KeySpec, ...] = (
     ),
 )
 
-# Model keys that [defaults] may also set; a model's own value wins.
-DEFAULTABLE_MODEL_KEYS: tuple[str, ...] = ("cram", "kv_store")
-
-GPUS_TYPE = 'list of GPU ids, "all" or -1'
-PRICING_TYPE = "table of numbers"
-EFFORT_TYPE = "table"
-
-MODEL_KEYS: tuple[KeySpec, ...] = (
-    KeySpec(
-        "model",
-        PATH,
-        None,
-        "Path of the GGUF file (relative paths start at the config file's directory).",
-        required=True,
-    ),
-    KeySpec(
-        "gpus",
-        GPUS_TYPE,
-        (0,),
-        'GPUs a replica spans; "all" (or -1) means every GPU the router sees. A single id may be given '
-        "without brackets. `[]` runs the model on the CPU against host memory (`-ngl 0`); with "
-        "`num_gpus = 0` that is the default.",
-        rule='"all", -1, a GPU id, [] (CPU only), or a list of distinct GPU ids >= 0 (below `num_gpus` '
-        "when set)",
-    ),
-    KeySpec(
-        "rpc",
-        STRING_LIST,
-        (),
-        "Names of `[rpc_devices.NAME]` a replica spans besides its `gpus` (with `gpus = []`: only "
-        "them); the layers are split over the RPC devices and the GPUs by their budgets. An rpc-server "
-        "serves one client at a time, so a model with `rpc` has one replica (`num_instance = 1`).",
-        default_text="[]",
-        rule="a list of distinct names of [rpc_devices.NAME] tables",
-    ),
-    KeySpec("num_instance", INTEGER, 1, "Replicas of this model that may run at once.", 1),
-    KeySpec("parallel", INTEGER, 1, "Slots per replica (llama-server `-np`).", 1),
-    KeySpec(
-        "ctx",
-        INTEGER,
-        None,
-        "Total context of a replica (llama-server `-c`); each slot gets ctx/parallel tokens. Unset: the "
-        "largest context that fits, at least `ctx_floor`, at most the model's trained context.",
-        1,
-        rule="an integer >= 1 and >= `parallel`",
-        default_text="auto",
-    ),
-    KeySpec(
-        "gpu_layers",
-        INTEGER,
-        None,
-        "Layers offloaded to the GPUs (llama-server `-ngl`), overriding placement's choice of all layers.",
-        0,
-        default_text="all layers",
-    ),
-    KeySpec(
-        "cram",
-        INTEGER,
-        None,
-        "MiB of host memory each replica may keep for the prompt states of recent conversations "
-        "(llama-server `--cache-ram`); 0 turns that cache off. Also settable in `[defaults]`. Unset: room "
-        "for two full slot contexts of this model, between 256 and 8192 MiB, never more than the host can "
-        "spare (see Prompt caching).",
-        0,
-        default_text="auto",
-    ),
-    KeySpec("aliases", STRING_LIST, (), "Other names clients may use for this model.", default_text="[]"),
-    KeySpec("pinned", BOOLEAN, False, "A pinned model is never evicted."),
-    KeySpec(
-        "ttl",
-        NUMBER,
-        None,
-        "Seconds after its last request ends before an idle replica is stopped. Not allowed with pinned.",
-        0,
-        exclusive_minimum=True,
-        default_text="never",
-    ),
-    KeySpec("load_on_startup", BOOLEAN, False, "Start a replica when the router starts."),
-    KeySpec(
-        "kv_store",
-        BOOLEAN,
-        True,
-        "Save this model's slots before its replicas stop and restore them when it returns (see the "
-        "router's `kv_store`, which turns it off for every model). Also settable in `[defaults]`.",
-    ),
-    KeySpec(
-        "pricing",
-        PRICING_TYPE,
-        None,
-        "Prices in dollars per million tokens, shown in /v1/models.",
-        rule="a table with at least one of `input`, `cached_input`, `output`, each a number >= 0",
-    ),
-    KeySpec(
-        "reasoning_effort",
-        EFFORT_TYPE,
-        None,
-        "Reasoning effort levels the model offers, shown in /v1/models.",
-        rule="a table: `options`, a non-empty list of distinct strings, and optionally `default`, one "
-        "of them, and `disable`, the level that turns reasoning off",
-    ),
-)
-
 POOL_KEYS: tuple[KeySpec, ...] = (
     KeySpec(
         "members",
@@ -548,6 +447,3 @@ PEER_KEYS: tuple[KeySpec, ...] = (
         exclusive_minimum=True,
     ),
 )
-
-PRICING_KEYS: tuple[str, ...] = ("input", "cached_input", "output")
-EFFORT_KEYS: tuple[str, ...] = ("options", "default", "disable")

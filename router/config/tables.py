@@ -13,15 +13,8 @@ from typing import Any
 
 from router.config.keyspec import InvalidValue, KeySpec, check_value, render_value
 from router.config.llama_args import flag_identity, router_owned_hint
-from router.config.schema import (
-    CACHE_TYPES,
-    DEFAULTABLE_MODEL_KEYS,
-    DEVICE_KEYS,
-    EFFORT_KEYS,
-    MODEL_KEYS,
-    POOL_KEYS,
-    PRICING_KEYS,
-)
+from router.config.model_keys import DEFAULTABLE_MODEL_KEYS, EFFORT_KEYS, MODEL_KEYS, PRICING_KEYS
+from router.config.schema import CACHE_TYPES, DEVICE_KEYS, POOL_KEYS
 from router.config.values import (
     ALL_GPUS,
     ConfigError,

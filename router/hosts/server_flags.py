@@ -21,7 +21,7 @@ from pathlib import Path
 
 from router.config.keyspec import render_value
 from router.config.llama_args import ROUTER_OWNED, flag_identity, render_flag
-from router.config.schema import DEFAULTABLE_MODEL_KEYS, MODEL_KEYS
+from router.config.model_keys import DEFAULTABLE_MODEL_KEYS, MODEL_KEYS
 from router.config.values import Config, ConfigError, FlagValue
 from router.hosts.binary_cache import Key, binary_key, read_cached, write_cached
 

@@ -68,6 +68,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
+
 from router.placement.extras import Extras, add_draft, add_projector, read_extras
 from router.placement.fit_messages import gib, operator_settings, over_budget, override_message, shortfall
 from router.placement.footprint import CPU, DEFAULT_RESERVE, Footprint, estimate
@@ -171,29 +173,178 @@ def decide(
     extras = extras if extras is not None else Extras()
     if inp.parallel < 1 or inp.num_instance < 1:
         return _error(inp, f"parallel ({inp.parallel}) and num_instance ({inp.num_instance}) must be >= 1")
-    cpu_only = not inp.gpus
-    targets: tuple[Device, ...] = (CPU,) if cpu_only else tuple(inp.gpus)
-    budgets = {d: devices.get(d) for d in targets}
-    known = all(b is not None for b in budgets.values())
-    shares = [float(b) for b in budgets.values() if b is not None] if known else None
-    if inp.tensor_split and not cpu_only:
-        shares = _operator_shares(inp.tensor_split, len(targets))
-    replicas = inp.num_instance
-    gpu_layers = None if cpu_only else inp.gpu_layers
-    settings = operator_settings(inp, extras, cpu_only)
-    ubatch = min(inp.ubatch, inp.batch)
-    # With a draft model each slot verifies 1 + n_max tokens a step, and the main model computes logits
-    # for all of them.
-    n_outputs = inp.parallel * (1 + max(inp.draft.n_max, 0)) if inp.draft is not None else None
+    placer = _Placer.of(inp, geometry, devices, reserve, extras)
+    try:
+        return placer.verdict()
+    except FootprintError as exc:
+        return _error(inp, f"{inp.name}: {exc}")
 
-    def one(model: ModelGeometry, ctx: int, **kw: Any) -> Footprint:
+
+@attrs.frozen
+class _Placer:
+    """One model's decision in the making: its inputs, its devices' budgets, and the footprint of a
+    candidate context (what :func:`decide` tries until a verdict is reached)."""
+
+    inp: PlacementInput
+    geometry: ModelGeometry
+    extras: Extras
+    reserve: int
+    cpu_only: bool
+    targets: tuple[Device, ...]
+    budgets: Mapping[Device, int | None]
+    known: bool  # every budget is known
+    shares: list[float] | None  # the layer split's weights (None: equal)
+    settings: list[str]  # the operator's settings that keep something in host memory
+
+    @classmethod
+    def of(
+        cls,
+        inp: PlacementInput,
+        geometry: ModelGeometry,
+        devices: Mapping[Device, int | None],
+        reserve: int,
+        extras: Extras,
+    ) -> _Placer:
+        cpu_only = not inp.gpus
+        targets: tuple[Device, ...] = (CPU,) if cpu_only else tuple(inp.gpus)
+        budgets = {d: devices.get(d) for d in targets}
+        known = all(b is not None for b in budgets.values())
+        shares = [float(b) for b in budgets.values() if b is not None] if known else None
+        if inp.tensor_split and not cpu_only:
+            shares = _operator_shares(inp.tensor_split, len(targets))
+        settings = operator_settings(inp, extras, cpu_only)
+        return cls(inp, geometry, extras, reserve, cpu_only, targets, budgets, known, shares, settings)
+
+    # ---- the verdicts ------------------------------------------------------------------------------
+
+    def verdict(self) -> ModelPlan:
+        """Which verdict applies (see the module doc), with its context and prediction."""
+        inp = self.inp
+        # Candidate contexts are multiples of 256 * parallel, so every slot gets whole 256-cell blocks and
+        # llama.cpp allocates exactly what is predicted.
+        step = 256 * inp.parallel
+        trained = self.geometry.n_ctx_train
+        lo = max(1, -(-inp.ctx_floor // step))
+        # Without a trained context, go no further than the floor.
+        hi = max(1, trained // step) if trained else lo
+        lo = min(lo, hi)  # a floor above the trained context is capped to it
+        if not self.known:
+            return self._unknown_budget(max(1, min(hi, inp.ctx_default // step)) * step)
+        if inp.ctx is not None:
+            fp = self.footprint(inp.ctx)
+            message = override_message(inp, self.settings, self.rows(fp), inp.ctx, inp.num_instance)
+            return self.plan("override", message, fp, inp.ctx)
+        return self._largest_fitting(lo, hi, step)
+
+    def _unknown_budget(self, default: int) -> ModelPlan:
+        """Some budget cannot be read: every layer offloaded, at the operator's ctx or ``default``."""
+        inp = self.inp
+        ctx = inp.ctx if inp.ctx is not None else default
+        fp = self.footprint(ctx)
+        unknown = ", ".join(str(d) for d, b in self.budgets.items() if b is None)
+        msg = (
+            f"{inp.name}: memory of GPU {unknown} cannot be read (no NVML, amdsmi or sysfs reading) "
+            "and no [devices.N] memory_mib is declared: every layer is offloaded "
+            f"and ctx is {ctx} ({'as configured' if inp.ctx is not None else 'ctx_default'}); "
+            "predicted need: "
+            + "; ".join(f"{r.label} ~{gib(r.total)} GiB" for r in self.rows(fp))
+            + ". Declare the GPU's memory to plan against it."
+        )
+        return self.plan("unknown-budget", msg, fp, ctx)
+
+    def _largest_fitting(self, lo: int, hi: int, step: int) -> ModelPlan:
+        """The largest candidate context between the floor (``lo * step``) and the trained context
+        (``hi * step``) whose footprint fits; refused (or an override's warning) when the floor does not."""
+        inp, replicas, settings = self.inp, self.inp.num_instance, self.settings
+        fp_floor = self.footprint(lo * step)
+        if not self.fits(fp_floor):
+            return self._floor_over_budget(fp_floor, lo * step)
+        best, best_fp = lo, fp_floor
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            fp = self.footprint(mid * step)
+            if self.fits(fp):
+                lo, best, best_fp = mid, mid, fp
+            else:
+                hi = mid - 1
+        ctx = best * step
+        where = ", ".join(
+            f"{r.label} {gib(r.total * replicas)}/{gib(r.budget)} GiB" for r in self.rows(best_fp)
+        )
+        note = f"{inp.name}: {ctx} ctx ({best * 256} per slot) fits: {where}"
+        if replicas > 1:
+            note += f" for {replicas} replicas"
+        if settings:
+            return self.plan("override", note + " with " + ", ".join(settings), best_fp, ctx)
+        return self.plan("fits", note, best_fp, ctx)
+
+    def _floor_over_budget(self, fp_floor: Footprint, ctx: int) -> ModelPlan:
+        inp, replicas = self.inp, self.inp.num_instance
+        if self.settings:
+            message = override_message(inp, self.settings, self.rows(fp_floor), ctx, replicas)
+            return self.plan("override", message, fp_floor, ctx)
+        rows = over_budget(self.rows(fp_floor), replicas)
+        msg = (
+            shortfall(inp.name, rows, ctx, replicas)
+            + ": choose a smaller quant or context, or free "
+            + ("memory" if self.cpu_only else "VRAM")
+        )
+        return self.plan("refused", msg, fp_floor, None)
+
+    # ---- the footprint at one context --------------------------------------------------------------
+
+    def footprint(self, ctx: int) -> Footprint:
+        """The model's footprint at ``ctx`` with its draft model and projector added."""
+        inp, extras = self.inp, self.extras
+        if inp.host_patterns and extras.host is None:
+            raise FootprintError("the tensor overrides were not matched against the header")
+        # With a draft model each slot verifies 1 + n_max tokens a step, and the main model computes logits
+        # for all of them.
+        n_outputs = inp.parallel * (1 + max(inp.draft.n_max, 0)) if inp.draft is not None else None
+        fp = self._estimate(
+            self.geometry,
+            ctx,
+            cache_type_k=inp.cache_type_k,
+            cache_type_v=inp.cache_type_v,
+            gpu_layers=None if self.cpu_only else inp.gpu_layers,
+            host_tensors=extras.host.by_layer if extras.host is not None else None,
+            n_outputs=n_outputs,
+            reserve=self.reserve,
+        )
+        if inp.draft is not None:
+            fp = add_draft(fp, self._draft_footprint(ctx))
+        if inp.mmproj is not None:
+            if extras.projector is None:
+                raise FootprintError("the projector's header was not read")
+            fp = add_projector(fp, extras.projector, offload=inp.mmproj_offload, flash_attn=inp.flash_attn)
+        return fp
+
+    def _draft_footprint(self, ctx: int) -> Footprint:
+        draft, extras = self.inp.draft, self.extras
+        assert draft is not None
+        if extras.draft is None:
+            raise FootprintError("the draft model's header was not read")
+        if draft.host_patterns and extras.draft_host is None:
+            raise FootprintError("the draft model's tensor overrides were not matched against its header")
+        return self._estimate(
+            extras.draft,
+            draft.ctx if draft.ctx is not None else ctx,
+            cache_type_k=draft.cache_type_k,
+            cache_type_v=draft.cache_type_v,
+            gpu_layers=None if self.cpu_only else draft.gpu_layers,
+            host_tensors=extras.draft_host.by_layer if extras.draft_host is not None else None,
+            reserve=0,
+        )
+
+    def _estimate(self, model: ModelGeometry, ctx: int, **kw: Any) -> Footprint:
+        inp = self.inp
         return estimate(
             model,
-            targets,
+            self.targets,
             ctx=ctx,
             n_seq=inp.parallel,
-            shares=shares,
-            ubatch=ubatch,
+            shares=self.shares,
+            ubatch=min(inp.ubatch, inp.batch),
             flash_attn=inp.flash_attn,
             unified=inp.kv_unified,
             swa_full=inp.swa_full,
@@ -202,118 +353,16 @@ def decide(
             **kw,
         )
 
-    def run(ctx: int) -> Footprint:
-        if inp.host_patterns and extras.host is None:
-            raise FootprintError("the tensor overrides were not matched against the header")
-        fp = one(
-            geometry,
-            ctx,
-            cache_type_k=inp.cache_type_k,
-            cache_type_v=inp.cache_type_v,
-            gpu_layers=gpu_layers,
-            host_tensors=extras.host.by_layer if extras.host is not None else None,
-            n_outputs=n_outputs,
-            reserve=reserve,
+    def rows(self, fp: Footprint) -> tuple[DeviceRow, ...]:
+        return _rows(fp, self.budgets, self.inp.device_names)
+
+    def fits(self, fp: Footprint) -> bool:
+        return not over_budget(self.rows(fp), self.inp.num_instance)
+
+    def plan(self, verdict: str, message: str, fp: Footprint, ctx: int | None) -> ModelPlan:
+        return _plan(
+            self.inp, self.geometry, verdict, message, fp, self.budgets, ctx=ctx, cpu_only=self.cpu_only
         )
-        if inp.draft is not None:
-            if extras.draft is None:
-                raise FootprintError("the draft model's header was not read")
-            draft = inp.draft
-            if draft.host_patterns and extras.draft_host is None:
-                raise FootprintError("the draft model's tensor overrides were not matched against its header")
-            fp = add_draft(
-                fp,
-                one(
-                    extras.draft,
-                    draft.ctx if draft.ctx is not None else ctx,
-                    cache_type_k=draft.cache_type_k,
-                    cache_type_v=draft.cache_type_v,
-                    gpu_layers=None if cpu_only else draft.gpu_layers,
-                    host_tensors=extras.draft_host.by_layer if extras.draft_host is not None else None,
-                    reserve=0,
-                ),
-            )
-        if inp.mmproj is not None:
-            if extras.projector is None:
-                raise FootprintError("the projector's header was not read")
-            fp = add_projector(fp, extras.projector, offload=inp.mmproj_offload, flash_attn=inp.flash_attn)
-        return fp
-
-    def rows_of(fp: Footprint) -> tuple[DeviceRow, ...]:
-        return _rows(fp, budgets, inp.device_names)
-
-    def fits(fp: Footprint) -> bool:
-        return not over_budget(rows_of(fp), replicas)
-
-    def plan(verdict: str, message: str, fp: Footprint, ctx: int | None) -> ModelPlan:
-        return _plan(inp, geometry, verdict, message, fp, budgets, ctx=ctx, cpu_only=cpu_only)
-
-    try:
-        # Candidate contexts are multiples of 256 * parallel, so every slot gets whole 256-cell blocks and
-        # llama.cpp allocates exactly what is predicted.
-        step = 256 * inp.parallel
-        trained = geometry.n_ctx_train
-        lo = max(1, -(-inp.ctx_floor // step))
-        hi = (
-            max(1, trained // step) if trained else lo
-        )  # unknown training context: go no further than the floor
-        lo = min(lo, hi)  # a floor above the trained context is capped to it
-
-        if not known:
-            default = max(1, min(hi, inp.ctx_default // step))
-            ctx = inp.ctx if inp.ctx is not None else default * step
-            fp = run(ctx)
-            unknown = ", ".join(str(d) for d, b in budgets.items() if b is None)
-            msg = (
-                f"{inp.name}: memory of GPU {unknown} cannot be read (no NVML, amdsmi or sysfs reading) "
-                "and no [devices.N] memory_mib is declared: every layer is offloaded "
-                f"and ctx is {ctx} ({'as configured' if inp.ctx is not None else 'ctx_default'}); "
-                "predicted need: "
-                + "; ".join(f"{r.label} ~{gib(r.total)} GiB" for r in rows_of(fp))
-                + ". Declare the GPU's memory to plan against it."
-            )
-            return plan("unknown-budget", msg, fp, ctx)
-
-        override = bool(settings)
-        if inp.ctx is not None:
-            fp = run(inp.ctx)
-            message = override_message(inp, settings, rows_of(fp), inp.ctx, replicas)
-            return plan("override", message, fp, inp.ctx)
-
-        # The largest candidate context between the floor and the trained context whose footprint fits.
-        fp_floor = run(lo * step)
-        if not fits(fp_floor):
-            ctx = lo * step
-            if override:
-                message = override_message(inp, settings, rows_of(fp_floor), ctx, replicas)
-                return plan("override", message, fp_floor, ctx)
-            rows = over_budget(rows_of(fp_floor), replicas)
-            msg = (
-                shortfall(inp.name, rows, ctx, replicas)
-                + ": choose a smaller quant or context, or free "
-                + ("memory" if cpu_only else "VRAM")
-            )
-            return plan("refused", msg, fp_floor, None)
-        best, best_fp = lo, fp_floor
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            fp = run(mid * step)
-            if fits(fp):
-                lo, best, best_fp = mid, mid, fp
-            else:
-                hi = mid - 1
-        ctx = best * step
-        where = ", ".join(
-            f"{r.label} {gib(r.total * replicas)}/{gib(r.budget)} GiB" for r in rows_of(best_fp)
-        )
-        note = f"{inp.name}: {ctx} ctx ({best * 256} per slot) fits: {where}"
-        if replicas > 1:
-            note += f" for {replicas} replicas"
-        if override:
-            return plan("override", note + " with " + ", ".join(settings), best_fp, ctx)
-        return plan("fits", note, best_fp, ctx)
-    except FootprintError as exc:
-        return _error(inp, f"{inp.name}: {exc}")
 
 
 def _operator_shares(split: Sequence[float], n: int) -> list[float]:

@@ -257,47 +257,19 @@ def estimate(
     )
     n_layer = geometry.n_layer
     cpu_only = tuple(devices) == (CPU,)
-    if cpu_only:
-        ngl = 0
-        owner: tuple[int | None, ...] = (0,) * (n_layer + 1)
-        moved = (0,) * (n_layer + 1)  # already in host memory
-    else:
-        if CPU in devices:
-            raise FootprintError("the CPU cannot be listed with GPUs")
-        ngl = n_layer + 1 if gpu_layers is None else max(gpu_layers, 0)
-        owner = assign_layers(n_layer, ngl, shares if shares is not None else [1.0] * len(devices))
-        moved = _host_tensor_bytes(geometry, host_tensors)
-
+    ngl, owner, moved = _layer_owners(geometry, devices, gpu_layers, shares, host_tensors)
     rows = []
-    host_weights = geometry.input_weights
     host_kv = 0
     for d_index, device in enumerate(devices):
         mine = [i for i in range(n_layer) if owner[i] == d_index]
-        weights = sum(geometry.layer_weights[i] - moved[i] for i in mine)
         has_output = owner[n_layer] == d_index
-        if has_output:
-            weights += geometry.output_weights - moved[n_layer]
-        if cpu_only:
-            weights += geometry.input_weights  # the tied output shares this copy
-        elif has_output:
-            weights += geometry.tied_weights  # a GPU-side copy of token_embd for the logits
-        kv_token = 0
-        kv = 0
-        recurrent = 0
-        for i in mine:
-            layer = geometry.layers[i]
-            cell = kv_cell_bytes(layer, cache_type_k, cache_type_v)
-            if layer.sliding:
-                kv += cell * layout.swa_cells_total
-            else:
-                kv_token += cell
-                kv += cell * layout.full_cells
-            recurrent += 4 * layer.recurrent_floats * max(1, n_seq)
+        kv_token, kv, recurrent = _device_cache(geometry, mine, layout, cache_type_k, cache_type_v, n_seq)
         if not kv_offload and not cpu_only:
             host_kv += kv + recurrent
             kv_token = kv = recurrent = 0
-        compute = (
-            compute_bytes(
+        compute = 0  # a device holding no layer computes nothing
+        if mine or has_output:
+            compute = compute_bytes(
                 geometry,
                 layout,
                 ubatch=ubatch,
@@ -305,14 +277,11 @@ def estimate(
                 with_output=has_output,
                 n_outputs=n_outputs,
             )
-            if mine or has_output
-            else 0
-        )
         rows.append(
             DeviceFootprint(
                 device=device,
                 layers=len(mine),
-                weights=weights,
+                weights=_device_weights(geometry, mine, has_output, moved, cpu_only),
                 kv_per_token=kv_token,
                 kv=kv,
                 recurrent=recurrent,
@@ -322,15 +291,78 @@ def estimate(
         )
     if cpu_only:
         return Footprint(layout=layout, gpu_layers=ngl, devices=tuple(rows), host_weights=0)
-    # Layers left on the CPU by a partial -ngl (an operator override) live in host memory, and so do the
-    # tensors overridden to the CPU on offloaded layers.
+    on_host = _host_kept(geometry, owner, moved)
+    if op_offload and min(ubatch, layout.n_ctx) >= OP_OFFLOAD_MIN_BATCH and max(on_host) > 0:
+        rows[0] = attrs.evolve(rows[0], compute=rows[0].compute + max(on_host))
+    host_weights = (
+        geometry.input_weights + sum(on_host) - (geometry.tied_weights if owner[n_layer] is None else 0)
+    )
+    return Footprint(
+        layout=layout, gpu_layers=ngl, devices=tuple(rows), host_weights=host_weights, host_kv=host_kv
+    )
+
+
+def _layer_owners(
+    geometry: ModelGeometry,
+    devices: Sequence[int | str],
+    gpu_layers: int | None,
+    shares: Sequence[float] | None,
+    host_tensors: Sequence[int] | None,
+) -> tuple[int, tuple[int | None, ...], tuple[int, ...]]:
+    """(``-ngl``, the device index of layers 0..n_layer (the output layer last; None: the CPU), the bytes of
+    each that tensor overrides keep in host memory). On the CPU alone every layer is device 0's."""
+    n_layer = geometry.n_layer
+    if tuple(devices) == (CPU,):
+        return 0, (0,) * (n_layer + 1), (0,) * (n_layer + 1)  # nothing moved: all in host memory already
+    if CPU in devices:
+        raise FootprintError("the CPU cannot be listed with GPUs")
+    ngl = n_layer + 1 if gpu_layers is None else max(gpu_layers, 0)
+    owner = assign_layers(n_layer, ngl, shares if shares is not None else [1.0] * len(devices))
+    return ngl, owner, _host_tensor_bytes(geometry, host_tensors)
+
+
+def _device_weights(
+    geometry: ModelGeometry, mine: Sequence[int], has_output: bool, moved: Sequence[int], cpu_only: bool
+) -> int:
+    """Weights of one device holding the layers ``mine`` (and the output layer when ``has_output``)."""
+    weights = sum(geometry.layer_weights[i] - moved[i] for i in mine)
+    if has_output:
+        weights += geometry.output_weights - moved[geometry.n_layer]
+    if cpu_only:
+        weights += geometry.input_weights  # the tied output shares this copy
+    elif has_output:
+        weights += geometry.tied_weights  # a GPU-side copy of token_embd for the logits
+    return weights
+
+
+def _device_cache(
+    geometry: ModelGeometry,
+    mine: Sequence[int],
+    layout: ContextLayout,
+    cache_type_k: str,
+    cache_type_v: str,
+    n_seq: int,
+) -> tuple[int, int, int]:
+    """(KV bytes per context token, KV bytes, recurrent state bytes) of the layers ``mine``."""
+    kv_token = kv = recurrent = 0
+    for i in mine:
+        layer = geometry.layers[i]
+        cell = kv_cell_bytes(layer, cache_type_k, cache_type_v)
+        if layer.sliding:
+            kv += cell * layout.swa_cells_total
+        else:
+            kv_token += cell
+            kv += cell * layout.full_cells
+        recurrent += 4 * layer.recurrent_floats * max(1, n_seq)
+    return kv_token, kv, recurrent
+
+
+def _host_kept(geometry: ModelGeometry, owner: Sequence[int | None], moved: Sequence[int]) -> tuple[int, ...]:
+    """Bytes of each layer (the output layer last) in host memory: layers left on the CPU by a partial -ngl
+    (an operator override), and the tensors overridden to the CPU on offloaded layers."""
+    n_layer = geometry.n_layer
     on_host = [(geometry.layer_weights[i] if owner[i] is None else moved[i]) for i in range(n_layer)]
     on_host.append(
         geometry.output_weights + geometry.tied_weights if owner[n_layer] is None else moved[n_layer]
     )
-    host_weights += sum(on_host) - (geometry.tied_weights if owner[n_layer] is None else 0)
-    if op_offload and min(ubatch, layout.n_ctx) >= OP_OFFLOAD_MIN_BATCH and max(on_host) > 0:
-        rows[0] = attrs.evolve(rows[0], compute=rows[0].compute + max(on_host))
-    return Footprint(
-        layout=layout, gpu_layers=ngl, devices=tuple(rows), host_weights=host_weights, host_kv=host_kv
-    )
+    return tuple(on_host)

@@ -249,23 +249,70 @@ def tensor_layer(name: str, n_layer: int) -> int | None:
 def geometry_from_header(header: GGUFHeader) -> ModelGeometry:
     """Everything the arithmetic needs from a header; FootprintError when a required key is missing."""
     arch = header.arch
+    n_layer = _block_count(header)
+    n_embd = _int(header.arch_get("embedding_length", 0), f"{arch}.embedding_length")
+    heads = _per_layer(header, "attention.head_count", n_layer, 0)
+    kv_heads = _kv_heads(header, n_layer, heads)
+    sizes = _head_sizes(header, n_embd, heads)
+    n_swa = header.arch_get("attention.sliding_window")
+    if n_swa is None:
+        n_swa = SWA_DEFAULT_WINDOW.get(arch, 0)
+    n_swa = _int(n_swa, f"{arch}.attention.sliding_window")
+    layers = _layers(header, n_layer, n_embd, kv_heads, sizes, n_swa)
+    weights = _tensor_weights(header, n_layer)
+    n_vocab = _vocab_size(header)
+    n_ff = max(_per_layer(header, "feed_forward_length", n_layer, 0), default=0)
+    n_ff_exp = header.arch_get("expert_feed_forward_length", 0)
+    if isinstance(n_ff_exp, tuple):
+        n_ff_exp = max((int(v) for v in n_ff_exp), default=0)
+    n_used = header.arch_get("expert_used_count", 0)
+    n_ctx_train = header.arch_get("context_length", 0)
+    return ModelGeometry(
+        arch=arch,
+        n_layer=n_layer,
+        n_ctx_train=n_ctx_train if isinstance(n_ctx_train, int) else 0,
+        n_embd=n_embd,
+        n_head=max(heads) if heads else 0,
+        n_ff=n_ff,
+        n_vocab=n_vocab,
+        n_ff_expert=int(n_ff_exp) if isinstance(n_ff_exp, int) else 0,
+        n_expert_used=int(n_used) if isinstance(n_used, int) else 0,
+        ssm_inner=int(header.arch_get("ssm.inner_size", 0) or 0),
+        n_swa=n_swa,
+        layers=layers,
+        layer_weights=weights.layers,
+        input_weights=weights.input,
+        output_weights=weights.output,
+        tied_weights=weights.tied,
+        file_weights=header.n_bytes,
+    )
+
+
+def _block_count(header: GGUFHeader) -> int:
+    arch = header.arch
     block_count = header.arch_get("block_count")
     if block_count is None:
         raise FootprintError(f"the header has no {arch}.block_count")
     n_layer = _int(block_count, f"{arch}.block_count")
     if n_layer <= 0:
         raise FootprintError(f"{arch}.block_count is {n_layer}")
-    n_embd = _int(header.arch_get("embedding_length", 0), f"{arch}.embedding_length")
-    heads = _per_layer(header, "attention.head_count", n_layer, 0)
-    # head_count_kv defaults to head_count (no grouped-query attention), per layer.
+    return n_layer
+
+
+def _kv_heads(header: GGUFHeader, n_layer: int, heads: tuple[int, ...]) -> tuple[int, ...]:
+    """KV heads per layer; head_count_kv defaults to head_count (no grouped-query attention)."""
     if (
         header.arch_get("attention.head_count_kv") is None
-        and f"{arch}.attention.head_count_kv" not in header.arrays
+        and f"{header.arch}.attention.head_count_kv" not in header.arrays
     ):
-        kv_heads = heads
-    else:
-        kv_heads = _per_layer(header, "attention.head_count_kv", n_layer, None)
-    n_head = max(heads) if heads else 0
+        return heads
+    return _per_layer(header, "attention.head_count_kv", n_layer, None)
+
+
+def _head_sizes(header: GGUFHeader, n_embd: int, heads: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """(key, value, sliding-window key, sliding-window value) sizes of one head; n_embd / head_count by
+    default."""
+    arch = header.arch
     first_head = next((h for h in heads if h), 0)
     default_head = n_embd // first_head if first_head else 0
     head_k = _int(header.arch_get("attention.key_length", default_head), f"{arch}.attention.key_length")
@@ -274,11 +321,20 @@ def geometry_from_header(header: GGUFHeader) -> ModelGeometry:
     head_v_swa = _int(
         header.arch_get("attention.value_length_swa", head_v), f"{arch}.attention.value_length_swa"
     )
+    return head_k, head_v, head_k_swa, head_v_swa
 
-    n_swa = header.arch_get("attention.sliding_window")
-    if n_swa is None:
-        n_swa = SWA_DEFAULT_WINDOW.get(arch, 0)
-    n_swa = _int(n_swa, f"{arch}.attention.sliding_window")
+
+def _layers(
+    header: GGUFHeader,
+    n_layer: int,
+    n_embd: int,
+    kv_heads: Sequence[int],
+    sizes: tuple[int, int, int, int],
+    n_swa: int,
+) -> tuple[LayerGeometry, ...]:
+    """What each layer keeps: a KV cache (full or sliding), a recurrent state, or neither."""
+    arch = header.arch
+    head_k, head_v, head_k_swa, head_v_swa = sizes
     sliding = _swa_layers(header, n_layer, n_swa)
     recurrent = _recurrent_layers(header, n_layer, kv_heads)
     rs_floats = _recurrent_floats(header, n_embd) if any(recurrent) else 0
@@ -306,7 +362,19 @@ def geometry_from_header(header: GGUFHeader) -> ModelGeometry:
                 recurrent_floats=rs_floats if recurrent[i] else 0,
             )
         )
+    return tuple(layers)
 
+
+@attrs.frozen
+class _TensorWeights:
+    layers: tuple[int, ...]  # bytes of blk.i.*
+    input: int  # token_embd and the other input tensors (host memory)
+    output: int  # the output layer's tensors
+    tied: int  # token_embd's bytes when the output reuses it (0 otherwise)
+
+
+def _tensor_weights(header: GGUFHeader, n_layer: int) -> _TensorWeights:
+    """The header's tensor bytes by where they are loaded (see the module doc)."""
     layer_weights = [0] * n_layer
     input_weights = output_weights = 0
     token_embd = 0
@@ -323,36 +391,14 @@ def geometry_from_header(header: GGUFHeader) -> ModelGeometry:
             # Output-layer tensors, and blk.N tensors beyond block_count (none in practice).
             output_weights += t.n_bytes
             has_output = has_output or t.name == "output.weight"
-    tied = not has_output and token_embd > 0 and arch not in NO_LM_HEAD
+    tied = not has_output and token_embd > 0 and header.arch not in NO_LM_HEAD
+    return _TensorWeights(tuple(layer_weights), input_weights, output_weights, token_embd if tied else 0)
 
+
+def _vocab_size(header: GGUFHeader) -> int:
     n_vocab = header.arch_get("vocab_size")
     if not isinstance(n_vocab, int):
         tokens = header.arrays.get("tokenizer.ggml.tokens")
         embd = header.tensor("token_embd.weight")
         n_vocab = tokens.length if tokens else (embd.shape[-1] if embd and embd.shape else 0)
-    n_ff = max(_per_layer(header, "feed_forward_length", n_layer, 0), default=0)
-    n_ff_exp = header.arch_get("expert_feed_forward_length", 0)
-    if isinstance(n_ff_exp, tuple):
-        n_ff_exp = max((int(v) for v in n_ff_exp), default=0)
-    n_used = header.arch_get("expert_used_count", 0)
-    n_ctx_train = header.arch_get("context_length", 0)
-
-    return ModelGeometry(
-        arch=arch,
-        n_layer=n_layer,
-        n_ctx_train=n_ctx_train if isinstance(n_ctx_train, int) else 0,
-        n_embd=n_embd,
-        n_head=n_head,
-        n_ff=n_ff,
-        n_vocab=int(n_vocab),
-        n_ff_expert=int(n_ff_exp) if isinstance(n_ff_exp, int) else 0,
-        n_expert_used=int(n_used) if isinstance(n_used, int) else 0,
-        ssm_inner=int(header.arch_get("ssm.inner_size", 0) or 0),
-        n_swa=n_swa,
-        layers=tuple(layers),
-        layer_weights=tuple(layer_weights),
-        input_weights=input_weights,
-        output_weights=output_weights,
-        tied_weights=token_embd if tied else 0,
-        file_weights=header.n_bytes,
-    )
+    return int(n_vocab)

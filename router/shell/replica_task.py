@@ -4,15 +4,24 @@ A :class:`ReplicaTask` is created by ``Supervisor.spawn`` and run in the supervi
 through the supervisor's callback (see ``router.shell.processes``): ``ProcessReady`` once /health answers
 200, ``ProcessLoadFailed`` when it does not within the load timeout, ``ProcessUnresponsive`` when a ready
 replica goes silent for ``hang_timeout``, and always, last, ``ProcessExited`` once the process is reaped.
+
+Where the task stands is one :class:`ProcessPhase`; what may happen in each phase, and the phase it leads
+to, is the table ``MOVES`` (keyed by the phase and what :class:`Happened`, as h11's ``_state.py`` keeps its
+tables). Anything the table lacks is a fault of the task (:class:`ReplicaTaskFault`), except a stop: the
+supervisor may ask at any time, and a phase that takes no stop (already stopping, or gone) ignores it. What
+the exit report needs of the past — did the replica ever serve, did we SIGKILL it — is read off the phases
+it went through (``path``).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import signal
 import subprocess
 import time
 from collections import deque
+from collections.abc import Mapping
 
 import attrs
 import httpx
@@ -34,7 +43,7 @@ from router.shell.processes import (
 )
 from router.shell.replica_logs import ReplicaLogFile, ReplicaLogs
 
-__all__ = ["ReplicaTask"]
+__all__ = ["MOVES", "Happened", "ProcessPhase", "ReplicaTask", "ReplicaTaskFault", "next_phase"]
 
 _HEALTH_INTERVAL = 0.1  # seconds between /health probes while loading
 _HEALTH_FIRST = 0.01  # the first probes come faster: small models are ready in well under a second
@@ -50,9 +59,83 @@ _STOPPED_BY_SIGTERM = frozenset({0, -signal.SIGTERM, 128 + signal.SIGTERM})
 _STOPPED_BY_SIGKILL = frozenset({-signal.SIGKILL, 128 + signal.SIGKILL})
 
 
+class ProcessPhase(enum.Enum):
+    """Where a replica's process stands, as its task sees it."""
+
+    PENDING = "pending"  # spawned; the process is not started yet
+    LOADING = "loading"  # started; /health has not answered 200 yet
+    READY = "ready"  # serving; a watched /health
+    SAVING = "saving"  # asked to stop with its slots saved first: saving them, SIGTERM next
+    STOPPING = "stopping"  # asked to stop (or given up on): SIGTERM, SIGKILL after stop_timeout
+    KILLING = "killing"  # we sent SIGKILL
+    EXITED = "exited"  # the process is reaped (or never started, or let go of); its exit is reported next
+    RETIRED = "retired"  # the exit is reported and the supervisor keeps the task only for its logs
+
+
+class Happened(enum.Enum):
+    """What can happen to a replica's task: the second key of ``MOVES``."""
+
+    LAUNCHED = "launched"  # the process started
+    HEALTHY = "healthy"  # /health answered 200 (and the saved state suited to the load is restored)
+    LOAD_FAILED = "load failed"  # /health did not answer 200 within load_timeout
+    UNRESPONSIVE = "unresponsive"  # a ready replica answered nothing for hang_timeout: SIGKILLed at once
+    ASKED_TO_STOP = "asked to stop"  # Supervisor.kill
+    ASKED_TO_SAVE = "asked to save and stop"  # Supervisor.kill(save=True) of a replica started with kv
+    SAVED = "saved"  # its slots are saved (or the save failed): SIGTERM now
+    KILLED = "killed"  # we sent SIGKILL: stop_timeout after SIGTERM, or as the supervisor shuts down
+    SHUTDOWN = "shutdown"  # the supervisor was cancelled while the process ran: stop it before letting go
+    EXITED = "exited"  # the process is gone (or could not start, or was stopped before it started)
+    RETIRED = "retired"  # the supervisor moved the task to its exited replicas
+
+
+_P, _H = ProcessPhase, Happened
+MOVES: Mapping[tuple[ProcessPhase, Happened], ProcessPhase] = {
+    (_P.PENDING, _H.LAUNCHED): _P.LOADING,
+    (_P.PENDING, _H.ASKED_TO_STOP): _P.STOPPING,  # it will never start
+    (_P.PENDING, _H.ASKED_TO_SAVE): _P.STOPPING,  # nothing to save
+    (_P.PENDING, _H.EXITED): _P.EXITED,  # it could not start
+    (_P.LOADING, _H.HEALTHY): _P.READY,
+    (_P.LOADING, _H.LOAD_FAILED): _P.STOPPING,
+    (_P.LOADING, _H.ASKED_TO_STOP): _P.STOPPING,
+    (_P.LOADING, _H.ASKED_TO_SAVE): _P.STOPPING,  # it served nothing: nothing to save
+    (_P.LOADING, _H.SHUTDOWN): _P.STOPPING,
+    (_P.LOADING, _H.EXITED): _P.EXITED,
+    (_P.READY, _H.UNRESPONSIVE): _P.STOPPING,
+    (_P.READY, _H.ASKED_TO_STOP): _P.STOPPING,
+    (_P.READY, _H.ASKED_TO_SAVE): _P.SAVING,
+    (_P.READY, _H.SHUTDOWN): _P.STOPPING,
+    (_P.READY, _H.EXITED): _P.EXITED,
+    (_P.SAVING, _H.SAVED): _P.STOPPING,
+    (_P.SAVING, _H.SHUTDOWN): _P.STOPPING,  # the save is cut short
+    (_P.SAVING, _H.EXITED): _P.EXITED,
+    (_P.STOPPING, _H.KILLED): _P.KILLING,
+    (_P.STOPPING, _H.SHUTDOWN): _P.STOPPING,
+    (_P.STOPPING, _H.EXITED): _P.EXITED,
+    (_P.KILLING, _H.KILLED): _P.KILLING,  # the supervisor's shutdown kills it again
+    (_P.KILLING, _H.SHUTDOWN): _P.KILLING,
+    (_P.KILLING, _H.EXITED): _P.EXITED,
+    (_P.EXITED, _H.RETIRED): _P.RETIRED,
+}
+del _P, _H
+
+
+class ReplicaTaskFault(RuntimeError):
+    """Something happened that the task's phase does not take: the task broke its own rules."""
+
+
+def next_phase(phase: ProcessPhase, happened: Happened) -> ProcessPhase:
+    """The phase ``happened`` leads to from ``phase``; ReplicaTaskFault when the table has no such move."""
+    try:
+        return MOVES[phase, happened]
+    except KeyError:
+        raise ReplicaTaskFault(
+            f"'{happened.value}' cannot happen to a replica task that is {phase.value}"
+        ) from None
+
+
 @attrs.define(eq=False)
 class ReplicaTask:
-    """One replica: its launch spec, its last output lines, its process and how far it got."""
+    """One replica: its launch spec, its last output lines, its process and its phase (see the module doc)."""
 
     spec: LaunchSpec
     log: deque[str]
@@ -60,22 +143,41 @@ class ReplicaTask:
     logger: logging.Logger
     log_files: ReplicaLogs | None = None
     file: ReplicaLogFile | None = None
-    done: trio.Event = attrs.field(factory=trio.Event)
-    stop_requested: trio.Event = attrs.field(factory=trio.Event)
+    done: trio.Event = attrs.field(factory=trio.Event)  # set once the supervisor has retired the task
+    stop_requested: trio.Event = attrs.field(factory=trio.Event)  # wakes the stopper (SIGTERM, SIGKILL)
     child: Child | None = None
     started_at: float | None = None
     started_clock: float = 0.0
-    ready: bool = False
-    exit_seen: bool = False
-    finished: bool = False
+    phase: ProcessPhase = ProcessPhase.PENDING
+    path: list[ProcessPhase] = attrs.field(factory=lambda: [ProcessPhase.PENDING])  # every phase so far
     returncode: int | None = None
     stop_reason: str | None = None
-    save_first: bool = False
-    sent_sigkill: bool = False
 
     @property
     def label(self) -> str:
         return f"{self.spec.model}#{self.spec.replica_id}"
+
+    @property
+    def ever_ready(self) -> bool:
+        """Whether /health ever answered 200 (it stays so once the replica is stopped or gone)."""
+        return ProcessPhase.READY in self.path
+
+    @property
+    def sigkilled(self) -> bool:
+        """Whether we sent SIGKILL as part of a stop (the kill of a hung replica is not one)."""
+        return ProcessPhase.KILLING in self.path
+
+    def _move(self, happened: Happened) -> None:
+        """Take one step of the table; an illegal one raises and leaves the phase as it was."""
+        phase = next_phase(self.phase, happened)
+        if phase is not self.phase:
+            self.phase = phase
+            self.path.append(phase)
+
+    def _begin_stop(self, happened: Happened, reason: str) -> None:
+        self._move(happened)
+        self.stop_reason = reason
+        self.stop_requested.set()
 
     def snapshot(self) -> ReplicaProcessInfo:
         return ReplicaProcessInfo(
@@ -85,8 +187,8 @@ class ReplicaTask:
             port=self.spec.port,
             argv=self.spec.argv,
             started_at=self.started_at,
-            ready=self.ready,
-            exited=self.finished,
+            ready=self.ever_ready,
+            exited=self.phase is ProcessPhase.RETIRED,
             returncode=self.returncode,
             stop_reason=self.stop_reason,
             log_path=str(self.file.path) if self.file is not None else None,
@@ -95,18 +197,22 @@ class ReplicaTask:
     def stop(self, reason: str, *, save: bool = False) -> None:
         """Ask the task to stop the process: SIGTERM at once (after saving its slots, for ``save``), SIGKILL
         after stop_timeout. The first reason stays; a replica whose process has exited is left alone."""
-        if self.exit_seen or self.stop_reason is not None:
+        happened = Happened.ASKED_TO_SAVE if save and self.spec.kv is not None else Happened.ASKED_TO_STOP
+        if (self.phase, happened) not in MOVES:  # already stopping, or gone
             return
-        self.stop_reason = reason
-        self.save_first = save
-        self.stop_requested.set()
+        self._begin_stop(happened, reason)
+
+    def retire(self) -> None:
+        """The supervisor moved the task to its exited replicas (its exit is reported)."""
+        self._move(Happened.RETIRED)
 
     # ---- the task ----------------------------------------------------------------------------------
 
     async def run(self, http: httpx.AsyncHTTPTransport) -> None:
         """Start the process and see it through to its reaping; reports ``ProcessExited`` last."""
         spec = self.spec
-        if self.stop_reason is not None:
+        if self.phase is not ProcessPhase.PENDING:  # stopped before it started
+            self._move(Happened.EXITED)
             self._finish(None, f"stopped: {self.stop_reason}")
             return
         try:
@@ -115,9 +221,11 @@ class ReplicaTask:
             reason = (
                 f"could not start llama-server for {spec.model!r}: {spec.argv[0]}: {describe_os_error(exc)}"
             )
+            self._move(Happened.EXITED)
             self._finish(None, reason)
             return
         self.child = child
+        self._move(Happened.LAUNCHED)
         self.started_at = time.time()
         self.started_clock = trio.current_time()
         if self.file is not None:
@@ -133,20 +241,22 @@ class ReplicaTask:
                     watchers.start_soon(self._probe_health, http)
                     watchers.start_soon(self._stop_when_asked, child, http)
                     await child.wait_exited()
-                    self.exit_seen = True
+                    # Reaped at once, in the step that saw the exit: no cancellation comes in between.
+                    self.returncode = child.reap()
+                    self._move(Happened.EXITED)
                     watchers.cancel_scope.cancel()
-                self.returncode = child.reap()
                 with trio.move_on_after(_DRAIN_WAIT):
                     await drained.wait()
                 outer.cancel_scope.cancel()
         finally:
-            if not child.reaped:
+            if self.phase is not ProcessPhase.EXITED:
                 # Cancelled (or failed) while the child still runs: stop it before letting go.
                 with trio.CancelScope(shield=True):
                     if self.stop_reason is None:
                         self.stop_reason = "supervisor shutting down"
-                    self.exit_seen = True
+                    self._move(Happened.SHUTDOWN)
                     self.returncode = await self._terminate(child)
+                    self._move(Happened.EXITED)
             child.close()
             self._finish(self.returncode, self._exit_reason())
 
@@ -155,7 +265,7 @@ class ReplicaTask:
         child.signal_group(signal.SIGTERM)
         with trio.move_on_after(min(self.spec.stop_timeout, _SHUTDOWN_GRACE)):
             await child.wait_exited()
-        self.sent_sigkill = True
+        self._move(Happened.KILLED)
         child.signal_group(signal.SIGKILL)
         with trio.move_on_after(_KILL_WAIT):
             await child.wait_exited()
@@ -169,10 +279,11 @@ class ReplicaTask:
     async def _stop_when_asked(self, child: Child, http: httpx.AsyncHTTPTransport) -> None:
         await self.stop_requested.wait()
         kv = self.spec.kv
-        if self.save_first and self.ready and kv is not None:
+        if self.phase is ProcessPhase.SAVING and kv is not None:
             spec = self.spec
             result = await save_slots(http, spec.port, kv.store, kv.shelf, spec.replica_id, kv.timeout)
             self._emit(ProcessKv(self.spec.replica_id, result))
+            self._move(Happened.SAVED)
         self.logger.info("[%s] stopping pid %d: %s", self.label, child.pid, self.stop_reason)
         child.signal_group(signal.SIGTERM)
         await trio.sleep(self.spec.stop_timeout)
@@ -182,7 +293,7 @@ class ReplicaTask:
             child.pid,
             self.spec.stop_timeout,
         )
-        self.sent_sigkill = True
+        self._move(Happened.KILLED)
         child.signal_group(signal.SIGKILL)
 
     # ---- output ------------------------------------------------------------------------------------
@@ -228,8 +339,8 @@ class ReplicaTask:
             else:
                 if status == 200:
                     restored = await self._restore(http)
-                    if self.stop_reason is None and not self.exit_seen:
-                        self.ready = True
+                    if self.phase is ProcessPhase.LOADING:
+                        self._move(Happened.HEALTHY)
                         self.logger.info(
                             "[%s] ready after %.1f s", self.label, trio.current_time() - self.started_clock
                         )
@@ -241,7 +352,7 @@ class ReplicaTask:
             since = trio.current_time() - self.started_clock
             interval = min(_HEALTH_INTERVAL, max(_HEALTH_FIRST, since / 10))
             await trio.sleep(max(0.0, min(interval, remaining)))
-        if self.stop_reason is not None or self.exit_seen:
+        if self.phase is not ProcessPhase.LOADING:
             return
         reason = (
             f"llama-server for {spec.model!r} did not answer /health within {spec.load_timeout:g} s; "
@@ -249,13 +360,14 @@ class ReplicaTask:
         )
         self.logger.error("[%s] %s", self.label, reason)
         self._emit(ProcessLoadFailed(spec.replica_id, reason))
-        self.stop(reason)
+        if self.phase is ProcessPhase.LOADING:  # the report's reader may have stopped it already
+            self._begin_stop(Happened.LOAD_FAILED, reason)
 
     async def _restore(self, http: httpx.AsyncHTTPTransport) -> str | None:
         """Before the replica takes requests: restore the saved state that suits the request loading it.
         Returns that state's name (None: nothing restored)."""
         kv = self.spec.kv
-        if kv is None or self.stop_reason is not None or self.exit_seen:
+        if kv is None or self.phase is not ProcessPhase.LOADING:
             return None
         result = await restore_into(http, self.spec.port, kv.store, kv.shelf, kv.probe, kv.timeout)
         if result.outcome != "empty":
@@ -265,7 +377,7 @@ class ReplicaTask:
     async def _restore_others(self, http: httpx.AsyncHTTPTransport, restored: str | None) -> None:
         """Once the replica serves: its other slots get the next most recently used states."""
         kv = self.spec.kv
-        if kv is None or self.stop_reason is not None or self.exit_seen:
+        if kv is None or self.phase is not ProcessPhase.READY:
             return
         for result in await restore_others(http, self.spec.port, kv.store, kv.shelf, restored, kv.timeout):
             self._emit(ProcessKv(self.spec.replica_id, result))
@@ -278,18 +390,17 @@ class ReplicaTask:
             return
         every = max(0.05, min(_WATCH_EVERY, spec.hang_timeout / 4))
         last_answer = trio.current_time()
-        while self.stop_reason is None and not self.exit_seen:
+        while self.phase is ProcessPhase.READY:
             await trio.sleep(every)
             try:
                 await _get_status(http, url, max(every, min(_HEALTH_CALL_TIMEOUT * 5, spec.hang_timeout / 2)))
             except httpx.HTTPError:
                 silent = trio.current_time() - last_answer
-                if silent < spec.hang_timeout or self.stop_reason is not None or self.exit_seen:
+                if silent < spec.hang_timeout or self.phase is not ProcessPhase.READY:
                     continue
                 reason = f"no answer to /health for {silent:.0f} s (hang_timeout = {spec.hang_timeout:g})"
                 self.logger.error("[%s] %s: killing it", self.label, reason)
-                self.stop_reason = f"not responding: {reason}"
-                self.stop_requested.set()
+                self._begin_stop(Happened.UNRESPONSIVE, f"not responding: {reason}")
                 if self.child is not None:
                     self.child.signal_group(signal.SIGKILL)  # a stopped or hung process ignores SIGTERM
                 self._emit(ProcessUnresponsive(spec.replica_id, reason))
@@ -302,12 +413,12 @@ class ReplicaTask:
     def _exit_reason(self) -> str:
         if self.stop_reason is not None and not self._died_by_itself():
             return f"stopped: {self.stop_reason}"
-        phase = "while loading" if not self.ready else "after it was ready"
+        when = "while loading" if not self.ever_ready else "after it was ready"
         how = describe_returncode(self.returncode)
         stopping = f", as it was being stopped ({self.stop_reason})" if self.stop_reason is not None else ""
         return (
-            f"llama-server for {self.spec.model!r} exited with {how} {phase}{stopping}; "
-            f"log: {quote_lines(self.log, cause=not self.ready)}"
+            f"llama-server for {self.spec.model!r} exited with {how} {when}{stopping}; "
+            f"log: {quote_lines(self.log, cause=not self.ever_ready)}"
         )
 
     def _died_by_itself(self) -> bool:
@@ -316,7 +427,7 @@ class ReplicaTask:
         code = self.returncode
         if code is None or code in _STOPPED_BY_SIGTERM:
             return False
-        return not (self.sent_sigkill and code in _STOPPED_BY_SIGKILL)
+        return not (self.sigkilled and code in _STOPPED_BY_SIGKILL)
 
     def _finish(self, returncode: int | None, reason: str) -> None:
         self.returncode = returncode
@@ -329,7 +440,7 @@ class ReplicaTask:
         else:
             self.logger.warning("[%s] %s", self.label, reason)
         asked = self.stop_reason is not None
-        self._emit(ProcessExited(self.spec.replica_id, returncode, not self.ready, reason, asked))
+        self._emit(ProcessExited(self.spec.replica_id, returncode, not self.ever_ready, reason, asked))
 
     def _emit(self, event: SupervisorEvent) -> None:
         try:

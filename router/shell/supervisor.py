@@ -17,7 +17,7 @@ import trio
 
 from router.shell.processes import LaunchSpec, ReplicaProcessInfo, Report
 from router.shell.replica_logs import ReplicaLogFile, ReplicaLogs
-from router.shell.replica_task import ReplicaTask
+from router.shell.replica_task import ProcessPhase, ReplicaTask
 
 __all__ = ["Supervisor"]
 
@@ -142,7 +142,8 @@ class Supervisor:
             assert self._http is not None  # set for as long as the nursery runs
             await rep.run(self._http)
         finally:
-            rep.finished = True
+            if rep.phase is ProcessPhase.EXITED:  # its exit is reported (a run that failed first raises on)
+                rep.retire()
             if self._live.get(rep.spec.replica_id) is rep:
                 del self._live[rep.spec.replica_id]
             self._exited[rep.spec.replica_id] = rep

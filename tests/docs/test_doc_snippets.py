@@ -40,10 +40,9 @@ import pytest
 from router.cli.init_config import MAIN_KEYS
 from router.config.keyspec import KeySpec, check_value, spec_by_name
 from router.config.load import Config, ConfigError, config_from_dict, load_config
+from router.config.model_keys import DEFAULTABLE_MODEL_KEYS, MODEL_KEYS
 from router.config.schema import (
-    DEFAULTABLE_MODEL_KEYS,
     DEVICE_KEYS,
-    MODEL_KEYS,
     PEER_KEYS,
     POOL_KEYS,
     ROUTER_KEYS,

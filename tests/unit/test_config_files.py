@@ -11,7 +11,8 @@ import attrs
 import pytest
 
 from router.config.load import ConfigError, config_from_dict, load_config, read_api_keys
-from router.config.schema import DEVICE_KEYS, MODEL_KEYS, PEER_KEYS, POOL_KEYS, ROUTER_KEYS, RPC_DEVICE_KEYS
+from router.config.model_keys import MODEL_KEYS
+from router.config.schema import DEVICE_KEYS, PEER_KEYS, POOL_KEYS, ROUTER_KEYS, RPC_DEVICE_KEYS
 from tests.unit.config_builders import base
 
 REPO = Path(__file__).resolve().parents[2]

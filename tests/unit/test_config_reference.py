@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 from router.config.load import reference_markdown
-from router.config.schema import DEVICE_KEYS, MODEL_KEYS, PEER_KEYS, POOL_KEYS, ROUTER_KEYS
+from router.config.model_keys import MODEL_KEYS
+from router.config.schema import DEVICE_KEYS, PEER_KEYS, POOL_KEYS, ROUTER_KEYS
 
 
 def test_reference_mentions_every_key() -> None:
