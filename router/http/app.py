@@ -36,29 +36,29 @@ from router.observe.status import (
     status_document,
 )
 from router.shell.reload import reload_config
-from router.shell.runtime import Router
+from router.shell.views import Admin, Desk, RouterView
 from statemachine import ReplicaPhase, queries
 
 _FORWARDED = frozenset(FORWARDED)
 UNLOAD_FIELDS: FieldTypes = {"model": ((str,), "a string"), "force": ((bool,), "a boolean")}
 
 
-def create_app(config: Config, router: Router, proxy: Proxy) -> QuartTrio:
+def create_app(config: Config, admin: Admin, proxy: Proxy) -> QuartTrio:
     """The quart app: admission's hooks, the error answers, the documents, the admin actions and the
     ``/upstream`` pass-through (the dashboard and the pages are added by ``router.http.dash``)."""
     app = QuartTrio("llama_router")
     app.config["MAX_CONTENT_LENGTH"] = config.router.max_body_mib * 1024 * 1024
     app.config["RESPONSE_TIMEOUT"] = None
     app.config["BODY_TIMEOUT"] = 120
-    _register_admission(app, config, router)
+    _register_admission(app, config, admin)
     _register_errors(app, config)
-    _register_documents(app, router)
-    _register_admin(app, router)
-    _register_upstream(app, router, proxy)
+    _register_documents(app, admin)
+    _register_admin(app, admin)
+    _register_upstream(app, admin, proxy)
     return app
 
 
-def _register_admission(app: QuartTrio, config: Config, router: Router) -> None:
+def _register_admission(app: QuartTrio, config: Config, desk: Desk) -> None:
     """Admission's hooks for the quart app: the checks of the head, and the record of an API call refused
     before admission (the forwarding path records its own)."""
     bind_host = config.router.host  # fixed until a restart, like the listening socket
@@ -71,7 +71,7 @@ def _register_admission(app: QuartTrio, config: Config, router: Router) -> None:
     @app.before_request
     async def admit_head() -> Response | None:
         """Admission's checks of the head (router.http.admission), before any other hook."""
-        current = router.config.router  # cors_origins and allowed_hosts follow reloads
+        current = desk.config.router  # cors_origins and allowed_hosts follow reloads
         check = check_head(
             request.method,
             request.path,
@@ -79,7 +79,7 @@ def _register_admission(app: QuartTrio, config: Config, router: Router) -> None:
             request.headers.items(),
             bind_host=bind_host,
             settings=current,
-            api_keys=router.deployment.api_keys,
+            api_keys=desk.deployment.api_keys,
         )
         verdict = check.verdict
         g.cors_origin = verdict.cors_origin
@@ -95,7 +95,7 @@ def _register_admission(app: QuartTrio, config: Config, router: Router) -> None:
             return None
         return error_response(refusal.status, refusal.code, refusal.message, refusal.headers)
 
-    register_cors(app, lambda: router.config.router)
+    register_cors(app, lambda: desk.config.router)
 
     @app.after_request
     async def record_unadmitted(response: Response) -> Response:
@@ -114,7 +114,7 @@ def _register_admission(app: QuartTrio, config: Config, router: Router) -> None:
             status=response.status_code,
             body=await response.get_data(),
         )
-        router.publish(record)
+        desk.publish(record)
         return response
 
     @app.after_request
@@ -151,42 +151,42 @@ def _register_errors(app: QuartTrio, config: Config) -> None:
         app.add_url_rule(route, endpoint=route, view_func=served_by_the_data_path, methods=["POST"])
 
 
-def _register_documents(app: QuartTrio, router: Router) -> None:
+def _register_documents(app: QuartTrio, view: RouterView) -> None:
     @app.route("/health")
     async def health() -> Response:
-        return Response(json.dumps(health_document(router)), content_type="application/json")
+        return Response(json.dumps(health_document(view)), content_type="application/json")
 
     @app.route("/v1/models")
     @app.route("/models")
     async def models() -> Response:
-        return Response(json.dumps(models_document(router.config, router)), content_type="application/json")
+        return Response(json.dumps(models_document(view.config, view)), content_type="application/json")
 
     @app.route("/v1/models/<path:model_id>")
     @app.route("/models/<path:model_id>")
     async def one_model(model_id: str) -> Response:
-        config = router.config
-        entry = named_entry(config, router, model_id)
+        config = view.config
+        entry = named_entry(config, view, model_id)
         if entry is None:
             return unknown_model(model_id, (*config.models, *config.pools))
         return Response(json.dumps(entry), content_type="application/json")
 
     @app.route("/plan")
     async def plan() -> Response:
-        return Response(json.dumps(router.plan_document), content_type="application/json")
+        return Response(json.dumps(view.plan_document), content_type="application/json")
 
     @app.route("/status")
     @app.route("/status/json")
     async def status() -> Response:
-        return Response(json.dumps(status_document(router.config, router)), content_type="application/json")
+        return Response(json.dumps(status_document(view.config, view)), content_type="application/json")
 
     @app.route("/props")
     async def props() -> Response:
-        return Response(json.dumps(props_document(router.config, router)), content_type="application/json")
+        return Response(json.dumps(props_document(view.config, view)), content_type="application/json")
 
     @app.route("/logs/<int:replica>")
     async def logs(replica: int) -> Response:
         lines = request.args.get("lines", type=int)
-        found = await replica_log(router, replica, lines)
+        found = await replica_log(view, replica, lines)
         if found is None:
             message = f"no replica {replica} is running or exited recently; /status lists the replicas"
             return error_response(404, "replica_not_found", message)
@@ -194,17 +194,17 @@ def _register_documents(app: QuartTrio, router: Router) -> None:
         return Response(text, content_type="text/plain; charset=utf-8", headers={"x-log-source": source})
 
 
-def _register_upstream(app: QuartTrio, router: Router, proxy: Proxy) -> None:
+def _register_upstream(app: QuartTrio, desk: Desk, proxy: Proxy) -> None:
     @app.route("/upstream/<model>/<path:rest>", methods=["GET", "POST"])
     async def upstream(model: str, rest: str) -> Response:
-        target = resolve_name(router.config, model)
-        if target is None or target not in router.config.models:
-            return unknown_model(model, router.config.models)
+        target = resolve_name(desk.config, model)
+        if target is None or target not in desk.config.models:
+            return unknown_model(model, desk.config.models)
         segments = rest.split("/")
         if any(s in ("", ".", "..") or not SAFE_SEGMENT.match(s) for s in segments):
             return error_response(400, "invalid_path", f"'{rest}' is not a plain path below the model")
         raw = await read_body()
-        ticket = router.admit(
+        ticket = desk.admit(
             target, asked=model, endpoint="/upstream", client=request.remote_addr or "", tokens=None
         )
         g.ticket = ticket
@@ -220,10 +220,10 @@ def _register_upstream(app: QuartTrio, router: Router, proxy: Proxy) -> None:
         return to_quart(reply)
 
 
-def _register_admin(app: QuartTrio, router: Router) -> None:
+def _register_admin(app: QuartTrio, admin: Admin) -> None:
     @app.route("/reload", methods=["POST"])
     async def reload() -> Response:
-        result = await reload_config(router)
+        result = await reload_config(admin.router)
         if not result.ok:
             return error_response(400, "invalid_config", result.message)
         doc = {"reloaded": True, "restarted": list(result.restarted)}
@@ -241,19 +241,19 @@ def _register_admin(app: QuartTrio, router: Router) -> None:
         force = body.get("force") is True
         model = None
         if name is not None:
-            model = resolve_name(router.config, name)
-            if model is None or model not in router.config.models:
-                return unknown_model(name, router.config.models)
+            model = resolve_name(admin.config, name)
+            if model is None or model not in admin.config.models:
+                return unknown_model(name, admin.config.models)
         wait = body.get("wait", True) is not False
         # The replicas this unload stops: the answer waits for exactly these to exit, never for a
         # condition new traffic could keep false (a request after the unload may load the model again).
         asked = sorted(
             r.id
-            for r in router.state.replicas
+            for r in admin.state.replicas
             if r.phase != ReplicaPhase.STOPPING and model in (None, r.model)
         )
-        router.unload(model, force)
+        admin.unload(model, force)
         if wait:
-            await router.wait_until(lambda s: not any(queries.find_replica(s, i) is not None for i in asked))
+            await admin.wait_until(lambda s: not any(queries.find_replica(s, i) is not None for i in asked))
         doc = {"unloaded": model or "all", "forced": force, "replicas": asked, "waited": wait}
         return Response(json.dumps(doc), content_type="application/json")

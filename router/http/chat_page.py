@@ -1,4 +1,4 @@
-"""``/chat/{model}/``: the web UI of a model's own llama-server, reached through the router.
+"""``/chat/{model}/``: the web UI of a model's own llama-server, reached through the desk.
 
 What works:
 
@@ -44,8 +44,8 @@ from router.http.reply import to_quart
 from router.http.request_body import BodyError, parse_json, read_body
 from router.http.request_headers import as_sent
 from router.http.upstream import UpstreamError, UpstreamPool, UpstreamResponse
-from router.shell.runtime import Router
 from router.shell.ticket import Ticket
+from router.shell.views import Desk
 
 _HOP = frozenset(name.encode() for name in HOP_BY_HOP | {"cookie"})
 _REPLY_HOP = frozenset(HOP_BY_HOP | {"cookie"})
@@ -83,7 +83,7 @@ async def _pass_get(pool: UpstreamPool, port: int, rest: str, model: str, name: 
     return Response(_relay(upstream), status=upstream.status_code, headers=headers_out)
 
 
-def _admit(router: Router, model: str, name: str, rest: str, raw: bytes) -> tuple[Ticket, bool]:
+def _admit(desk: Desk, model: str, name: str, rest: str, raw: bytes) -> tuple[Ticket, bool]:
     """Admit a request below ``/chat/{name}/``: its ticket, and whether it streams. A POST's JSON body (if
     it is JSON) gives the prefix chain and the body a load restores a cached prompt for."""
     doc = None
@@ -96,9 +96,9 @@ def _admit(router: Router, model: str, name: str, rest: str, raw: bytes) -> tupl
             doc = None
         stream = isinstance(doc, dict) and doc.get("stream") is True
         if isinstance(doc, dict):
-            enabled = router.config.router.prefix_affinity
-            prefix = request_chain(router.deployment.settings, enabled, model, doc, "/" + rest)
-    ticket = router.admit(
+            enabled = desk.config.router.prefix_affinity
+            prefix = request_chain(desk.deployment.settings, enabled, model, doc, "/" + rest)
+    ticket = desk.admit(
         model,
         asked=name,
         endpoint="/chat",
@@ -126,15 +126,15 @@ async def _get_when_loaded(ticket: Ticket, pool: UpstreamPool, rest: str, model:
     return await _pass_get(pool, ticket.port, rest, model, name)
 
 
-def register_chat(app: QuartTrio, router: Router, proxy: Proxy) -> None:
+def register_chat(app: QuartTrio, desk: Desk, proxy: Proxy) -> None:
     def model_of(name: str) -> str | None:
-        target = resolve_name(router.config, name)  # the current configuration, reloads included
-        return target if target in router.config.models else None
+        target = resolve_name(desk.config, name)  # the current configuration, reloads included
+        return target if target in desk.config.models else None
 
     @app.route("/chat/<name>")
     async def chat_root(name: str) -> Response:
         if model_of(name) is None:
-            return unknown_model(name, router.config.models)
+            return unknown_model(name, desk.config.models)
         return redirect(f"{name}/", 308)  # type: ignore[return-value]
 
     @app.route("/chat/<name>/", methods=["GET", "POST"], defaults={"rest": ""})
@@ -142,15 +142,15 @@ def register_chat(app: QuartTrio, router: Router, proxy: Proxy) -> None:
     async def chat(name: str, rest: str) -> Response:
         model = model_of(name)
         if model is None:
-            return unknown_model(name, router.config.models)
+            return unknown_model(name, desk.config.models)
         if rest and any(s in ("", ".", "..") or not SAFE_SEGMENT.match(s) for s in rest.split("/")):
             return error_response(400, "invalid_path", f"'{rest}' is not a plain path below the model")
         if request.method == "GET":
-            port = router.ready_port([model])
+            port = desk.ready_port([model])
             if port is not None:
                 return await _pass_get(proxy.pool, port, rest, model, name)
         raw = await read_body()
-        ticket, stream = _admit(router, model, name, rest, raw)
+        ticket, stream = _admit(desk, model, name, rest, raw)
         if request.method == "GET":
             return await _get_when_loaded(ticket, proxy.pool, rest, model, name)
         reply = await proxy.respond(

@@ -34,7 +34,7 @@ from router.http.proxy import Proxy
 from router.journal.history import HistoryQuery, status_range
 from router.observe.metrics import CONTENT_TYPE
 from router.observe.observers import Observers
-from router.shell.runtime import Router
+from router.shell.views import Desk
 from statemachine import queries
 
 STATIC = Path(__file__).resolve().with_name("static")
@@ -51,7 +51,7 @@ def _static(name: str) -> Response:
     return response
 
 
-def register_dash(app: QuartTrio, config: Config, router: Router, observers: Observers, proxy: Proxy) -> None:
+def register_dash(app: QuartTrio, config: Config, desk: Desk, observers: Observers, proxy: Proxy) -> None:
     history, sampler, metrics = observers.history, observers.sampler, observers.metrics
 
     @app.route("/metrics")
@@ -103,12 +103,12 @@ def register_dash(app: QuartTrio, config: Config, router: Router, observers: Obs
             now = trio.current_time()
             doc["queue"] = [  # ages as of now (the state's clock only moves with events)
                 {"id": q.rid, "target": q.target, "age_s": round(now - q.arrived, 3), "tokens": q.tokens}
-                for q in queries.queued(router.state)
+                for q in queries.queued(desk.state)
             ]
             return _json(doc)
         if name not in DASH_FILES or name == "dash.html":
             return error_response(404, "not_found", f"no dashboard file '{name}'")
         return _static(name)
 
-    register_chat(app, router, proxy)
+    register_chat(app, desk, proxy)
     register_pages(app)

@@ -29,7 +29,7 @@ from router.http.request_body import BodyError, check_fields, parse_object
 from router.http.tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
 from router.http.unadmitted import unadmitted_record
 from router.shell.peers import HOP_HEADER
-from router.shell.runtime import Router
+from router.shell.views import Desk
 from statemachine import serving_models
 
 Scope = dict[str, Any]
@@ -72,8 +72,8 @@ class _ClientLeft(Exception):
 class Forwarder:
     """Serves one forwarded API request per call (an ASGI application for those paths only)."""
 
-    def __init__(self, config: Config, router: Router, proxy: Proxy, client: httpx.AsyncClient) -> None:
-        self.router = router
+    def __init__(self, config: Config, desk: Desk, proxy: Proxy, client: httpx.AsyncClient) -> None:
+        self.desk = desk
         self.proxy = proxy
         self.client = client  # for exact token counts of pooled requests
         self.bind_host = config.router.host  # fixed until a restart, like the listening socket
@@ -85,7 +85,7 @@ class Forwarder:
         raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
         pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw_headers]
         client = scope["client"][0] if scope.get("client") else ""
-        settings = self.router.config.router
+        settings = self.desk.config.router
         check = check_head(
             "POST",
             path,
@@ -93,7 +93,7 @@ class Forwarder:
             pairs,
             bind_host=self.bind_host,
             settings=settings,
-            api_keys=self.router.deployment.api_keys,
+            api_keys=self.desk.deployment.api_keys,
         )
         verdict = check.verdict
         cors_origins = settings.cors_origins
@@ -112,7 +112,7 @@ class Forwarder:
                     status=reply.status,
                     body=reply.body,
                 )
-                self.router.publish(record)
+                self.desk.publish(record)
 
         refusal = self._refusal(check)
         if refusal is not None:
@@ -200,9 +200,9 @@ class Forwarder:
         if problem is not None:
             return problem, False
         assert target is not None
-        router = self.router
+        desk = self.desk
         asked = body.get("model")
-        ticket = router.admit(
+        ticket = desk.admit(
             target,
             asked=asked if isinstance(asked, str) else None,
             endpoint=path,
@@ -210,7 +210,7 @@ class Forwarder:
             tokens=await self._needed_tokens(target, body),
             body=body,
             prefix=request_chain(
-                router.deployment.settings, router.config.router.prefix_affinity, target, body, path
+                desk.deployment.settings, desk.config.router.prefix_affinity, target, body, path
             ),
             local_only=any(name == HOP for name, _ in raw_headers),
         )
@@ -226,21 +226,21 @@ class Forwarder:
         return reply, True
 
     def _resolve(self, name: Any, path: str) -> tuple[str | None, Reply | None]:
-        target, refusal = resolve_target(self.router.config, self.router.peer_model, name, path)
+        target, refusal = resolve_target(self.desk.config, self.desk.peer_model, name, path)
         if refusal is not None:
             return None, error_reply(refusal.status, refusal.code, refusal.message, refusal.headers)
         return target, None
 
     async def _needed_tokens(self, target: str, body: dict[str, Any]) -> int | None:
-        router = self.router
+        desk = self.desk
         output = requested_output(body)
-        if target not in router.config.pools:
+        if target not in desk.config.pools:
             return output or None
         upper = prompt_upper_bound(body) + output
-        members = serving_models(router.deployment.settings, target)  # the members served here
-        if not members or upper <= min(router.launches[m].ctx_per_slot for m in members):
+        members = serving_models(desk.deployment.settings, target)  # the members served here
+        if not members or upper <= min(desk.launches[m].ctx_per_slot for m in members):
             return upper
-        port = router.ready_port(members)
+        port = desk.ready_port(members)
         exact = None if port is None else await exact_prompt_tokens(self.client, port, body)
         return upper if exact is None else exact + output
 

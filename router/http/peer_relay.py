@@ -18,8 +18,8 @@ import trio
 from router.http.replica_errors import BODY_LIMIT
 from router.http.upstream import ReplyTimeout, UpstreamBroken, UpstreamReply
 from router.shell.peers import describe_failure, peer_headers
-from router.shell.runtime import Router
 from router.shell.ticket import Ticket
+from router.shell.views import RouterView
 
 LOOP_DETECTED = 508  # the peer refused a second hop: no capacity miss, the answer itself
 
@@ -51,8 +51,9 @@ class PeerResponse(UpstreamReply):
 
 
 class PeerRelay:
-    def __init__(self, router: Router, read_timeout: float) -> None:
-        self.router = router
+    def __init__(self, view: RouterView, client: httpx.AsyncClient, read_timeout: float) -> None:
+        self.view = view
+        self.client = client  # for other routers: no proxy from the environment between them
         self.read_timeout = read_timeout
 
     async def open(
@@ -60,17 +61,16 @@ class PeerRelay:
     ) -> PeerResponse | None:
         """Send ``ticket``'s request to its peer: the reply, or None when the peer failed it (the scheduler
         has been told, through the ticket, and decides again)."""
-        router = self.router
         name, model = ticket.peer, ticket.model
         assert name is not None and model is not None
-        peer = router.config.peers.get(name)
+        peer = self.view.config.peers.get(name)
         if peer is None:
             ticket.peer_failed("the peer was removed from the configuration", down=False, status=None)
             return None
         sent = [(k, v) for k, v in headers if k.lower() != b"accept-encoding"]
         sent += [(k.encode(), v.encode()) for k, v in peer_headers(peer).items()]
         sent.append((b"accept-encoding", b"identity"))  # relayed as it comes, so no encoding
-        request = router.peer_http.build_request(
+        request = self.client.build_request(
             method,
             peer.url + target,
             headers=sent,
@@ -78,7 +78,7 @@ class PeerRelay:
             timeout=httpx.Timeout(self.read_timeout, connect=peer.connect_timeout),
         )
         try:
-            response = await router.peer_http.send(request, stream=True)
+            response = await self.client.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             ticket.peer_failed(describe_failure(exc), down=True, status=None)
             return None

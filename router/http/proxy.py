@@ -28,8 +28,8 @@ from router.http.peer_relay import PeerRelay
 from router.http.replica_errors import BODY_LIMIT, ReplicaError, shape_replica_error
 from router.http.reply import Reply, error_reply
 from router.http.upstream import ConnectFailed, UpstreamBroken, UpstreamError, UpstreamPool, UpstreamReply
-from router.shell.runtime import Router
 from router.shell.ticket import Ticket
+from router.shell.views import RouterView
 from statemachine import Dispatch
 
 KEEPALIVE_AFTER = 1.0
@@ -143,10 +143,10 @@ def _target(path: str, query: bytes) -> str:
 
 
 class Proxy:
-    def __init__(self, router: Router, pool: UpstreamPool) -> None:
-        self.router = router
+    def __init__(self, view: RouterView, pool: UpstreamPool, peers: PeerRelay) -> None:
+        self.view = view
         self.pool = pool
-        self.peers = PeerRelay(router, router.config.router.reply_timeout)
+        self.peers = peers
 
     async def respond(
         self,
@@ -206,7 +206,7 @@ class Proxy:
                 if ticket.reject is not None:
                     return Answered(_reject_reply(ticket), completed=False)
         if upstream is None:
-            pooled = ticket.target in self.router.state.settings.pools
+            pooled = ticket.target in self.view.state.settings.pools
             if pooled and ticket.model is not None and ticket.model != ticket.target:
                 body = name_member(body, ticket.model)
             try:
@@ -283,7 +283,7 @@ class Proxy:
         if ticket.rejection is not None:
             return ticket.rejection.message
         dispatch = ticket.dispatch
-        info = self.router.supervisor.info(dispatch.replica) if isinstance(dispatch, Dispatch) else None
+        info = self.view.replica_info(dispatch.replica) if isinstance(dispatch, Dispatch) else None
         if info is not None and info.stop_reason is not None:
             return f"the replica of '{ticket.model}' was stopped while answering: {info.stop_reason}"
         return f"the replica of '{ticket.model}' broke off the reply: {exc}"
@@ -320,7 +320,7 @@ class Proxy:
                 await relay.aclose()
 
     def _keepalive(self, ticket: Ticket) -> bytes:
-        position, loading = self.router.queue_position(ticket.rid)
+        position, loading = self.view.queue_position(ticket.rid)
         waited = time.monotonic() - ticket.queued_at
         text = f": waiting for '{ticket.target}' ({waited:.0f} s)"
         if position is not None:

@@ -19,8 +19,9 @@ import attrs
 import trio
 
 from router.deploy.rpc_devices import is_rpc, local_gpus
+from router.hosts.gpu_monitor import GpuMonitor
 from router.hosts.gpu_readers import GpuReading
-from router.shell.runtime import Router
+from router.shell.views import RouterView
 from statemachine import queries, replica_state
 
 log = logging.getLogger("router")
@@ -54,12 +55,12 @@ class Sample:
 
 
 def gpu_points(
-    router: Router, readings: Mapping[int, GpuReading], foreign: Mapping[int, int] | None = None
+    view: RouterView, readings: Mapping[int, GpuReading], foreign: Mapping[int, int] | None = None
 ) -> tuple[GpuPoint, ...]:
     """The scheduler's view of every GPU right now, with ``readings`` (and the bytes other processes
     hold, ``foreign``) merged in where present."""
     foreign = foreign or {}
-    state = router.state
+    state = view.state
     points = []
     for device in sorted(state.settings.devices.values(), key=lambda d: d.id):
         if is_rpc(device.id):
@@ -90,27 +91,29 @@ class GpuSampler:
 
     def __init__(
         self,
-        router: Router,
+        view: RouterView,
         *,
+        monitor: GpuMonitor | None = None,
         interval: float = SAMPLE_EVERY,
         keep: float = KEEP_SECONDS,
         reader: Reader | None = None,
         use_nvml: bool = True,
     ) -> None:
-        self.router = router
+        self.view = view
+        self.monitor = monitor  # reads the GPUs where ``reader`` does not
         self.interval = interval
         self.keep = keep
         self.samples: collections.deque[Sample] = collections.deque(maxlen=max(2, int(keep / interval) + 1))
         self.readings: dict[int, GpuReading] = {}
         self.foreign: dict[int, int] = {}
         self._reader: Reader | None = reader
-        self._use_monitor = reader is None and use_nvml
+        self._use_monitor = reader is None and use_nvml and monitor is not None
         self._failures = 0
 
     @property
     def measuring(self) -> bool:
         """Whether GPU memory is measured (a driver or another reader) rather than only predicted."""
-        return self._reader is not None or (self._use_monitor and bool(self.router.gpus.kind))
+        return self._reader is not None or (self._use_monitor and bool(self.view.gpu_reader_kind))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
@@ -126,8 +129,9 @@ class GpuSampler:
             self.readings = dict(await trio.to_thread.run_sync(self._reader))
             self.foreign = {}
             return
-        ours = self.router.our_pids()
-        monitor = self.router.gpus
+        ours = self.view.our_pids()
+        monitor = self.monitor
+        assert monitor is not None
         measures = await trio.to_thread.run_sync(monitor.read, ours)
         if not measures and monitor.failures:
             raise RuntimeError("the GPU driver did not answer")
@@ -147,7 +151,7 @@ class GpuSampler:
                 if self._failures >= FAILURES_BEFORE_GIVING_UP:
                     log.warning("GPU sampler: giving up on measured GPU memory; showing predictions only")
                     self._reader, self._use_monitor = None, False
-        points = gpu_points(self.router, self.readings, self.foreign)
+        points = gpu_points(self.view, self.readings, self.foreign)
         sample = Sample(round(time.time(), 3), points)
         self.samples.append(sample)
         return sample
@@ -158,7 +162,7 @@ class GpuSampler:
         ids = (
             [p.gpu for p in chosen[-1].gpus]
             if chosen
-            else sorted(local_gpus(self.router.state.settings.devices))
+            else sorted(local_gpus(self.view.state.settings.devices))
         )
         gpus = []
         for index, gpu in enumerate(ids):

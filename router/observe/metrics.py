@@ -1,7 +1,8 @@
 """Prometheus metrics of one router (GET /metrics), on a registry of its own.
 
-Counters and histograms (declared in ``router.observe.declared_metrics``) move as requests finish (fed by
-``Router.record_listeners``) and as replicas load, fail and stop (fed by ``Router.listeners``). Gauges that
+Counters and histograms (declared in ``router.observe.declared_metrics``) move as requests finish
+(``observe``) and as replicas load, fail and stop (``on_happening``); ``router.observe.observers`` hands both
+to the router's listeners. Gauges that
 describe the present — queue, replicas, slots, GPU memory, the history's health — are read from the
 router's state when scraped. Replicas started with ``--metrics`` are scraped at the same moment (1 s timeout
 each) and their ``llamacpp:*`` series re-exported with the labels ``model`` and ``replica``.
@@ -24,7 +25,7 @@ from router.journal.history import History
 from router.journal.records import RequestRecord
 from router.observe.declared_metrics import CACHE_MISS_MIN_PROMPT, DECLARED
 from router.observe.gpu_sampler import GpuSampler
-from router.shell.runtime import Router
+from router.shell.views import RouterView
 from statemachine import KillCause, ReplicaPhase, queries, replica_state
 
 log = logging.getLogger("router")
@@ -56,13 +57,13 @@ class RouterMetrics:
 
     def __init__(
         self,
-        router: Router,
+        view: RouterView,
         *,
         client: httpx.AsyncClient | None = None,
         history: History | None = None,
         sampler: GpuSampler | None = None,
     ) -> None:
-        self.router = router
+        self.view = view
         self.client = client
         self.history = history
         self.sampler = sampler
@@ -79,8 +80,6 @@ class RouterMetrics:
         self._loading: dict[int, float] = {}
         self._replica_families: list[Metric] = []
         self.registry.register(_StateCollector(self))
-        router.record_listeners.append(self.observe)
-        router.listeners.append(self.on_happening)
 
     # -------------------------------------------------------------------------------------- feeding
     def observe(self, record: RequestRecord) -> None:
@@ -145,11 +144,11 @@ class RouterMetrics:
     def replica_targets(self) -> list[tuple[str, int, int]]:
         """(model, replica id, port) of ready replicas started with ``--metrics``."""
         targets = []
-        for replica in self.router.state.replicas:
+        for replica in self.view.state.replicas:
             if replica.phase != ReplicaPhase.READY:
                 continue
-            port = self.router.ports.get(replica.id)
-            info = self.router.supervisor.info(replica.id)
+            port = self.view.ports.get(replica.id)
+            info = self.view.replica_info(replica.id)
             if port is None or info is None or "--metrics" not in info.argv:
                 continue
             targets.append((replica.model, replica.id, port))
@@ -235,8 +234,8 @@ class _StateCollector(Collector):
         yield from self.metrics._replica_families
 
     def _queue(self) -> Iterator[Metric]:
-        router = self.metrics.router
-        state = router.state
+        view = self.metrics.view
+        state = view.state
         now = trio.current_time()
         depth = GaugeMetricFamily(
             "llama_router_queue_depth", "Requests waiting for a slot, by model or pool.", labels=["target"]
@@ -255,16 +254,16 @@ class _StateCollector(Collector):
             value=max(0.0, oldest),
         )
         yield GaugeMetricFamily(
-            "llama_router_requests_in_flight", "Requests dispatched to a replica.", value=_in_flight(router)
+            "llama_router_requests_in_flight", "Requests dispatched to a replica.", value=_in_flight(view)
         )
         yield GaugeMetricFamily(
             "llama_router_kv_store_bytes",
             "Bytes of saved slot states in the prompt cache store.",
-            value=router.kv_store.size(),
+            value=view.kv_store_bytes(),
         )
 
     def _replicas(self) -> Iterator[Metric]:
-        state = self.metrics.router.state
+        state = self.metrics.view.state
         replicas = GaugeMetricFamily(
             "llama_router_replicas", "Replicas by model and state.", labels=["model", "state"]
         )
@@ -287,8 +286,8 @@ class _StateCollector(Collector):
         yield slots
 
     def _peers(self) -> Iterator[Metric]:
-        router = self.metrics.router
-        state = router.state
+        view = self.metrics.view
+        state = view.state
         up = GaugeMetricFamily(
             "llama_router_peer_up",
             "1 while the peer answers its /v1/models read (0 before the first answer).",
@@ -301,7 +300,7 @@ class _StateCollector(Collector):
             "llama_router_peer_max_in_flight", "Most requests forwarded to the peer at once.", labels=["peer"]
         )
         for name in sorted(state.settings.peers):
-            status = router.peers.status.get(name)
+            status = view.peer_status(name)
             answers = status is not None and status.up is True and name not in state.peers_down
             up.add_metric([name], 1 if answers else 0)
             forwarded.add_metric([name], len(state.peer_inflight.get(name, ())))
@@ -311,7 +310,7 @@ class _StateCollector(Collector):
         yield limit
 
     def _gpus(self) -> Iterator[Metric]:
-        state = self.metrics.router.state
+        state = self.metrics.view.state
         sampler = self.metrics.sampler
         readings = sampler.readings if sampler is not None else {}
         budget = GaugeMetricFamily(
@@ -373,5 +372,5 @@ class _StateCollector(Collector):
         )
 
 
-def _in_flight(router: Router) -> int:
-    return sum(len(r.inflight) for r in router.state.replicas)
+def _in_flight(view: RouterView) -> int:
+    return sum(len(r.inflight) for r in view.state.replicas)

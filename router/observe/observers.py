@@ -13,6 +13,7 @@ from router.observe.gpu_sampler import GpuSampler
 from router.observe.metrics import RouterMetrics
 from router.observe.rpc_status import held_endpoints, rpc_endpoints
 from router.shell.runtime import Router
+from router.shell.views import RouterView
 
 
 @attrs.define(eq=False)
@@ -38,10 +39,13 @@ async def start_observers(
     history = History(
         settings.history_db, max_rows=settings.history_max_rows, max_age_days=settings.history_max_age_days
     )
+    view = RouterView(router)
     router.record_listeners.append(history.add)
-    sampler = sampler or GpuSampler(router)
-    metrics = RouterMetrics(router, client=client, history=history, sampler=sampler)
+    sampler = sampler or GpuSampler(view, monitor=router.gpus)
+    metrics = RouterMetrics(view, client=client, history=history, sampler=sampler)
+    router.record_listeners.append(metrics.observe)
+    router.listeners.append(metrics.on_happening)
     await nursery.start(history.run)
     await nursery.start(sampler.run)
-    await nursery.start(router.rpc_probe.run, lambda: rpc_endpoints(router), lambda: held_endpoints(router))
+    await nursery.start(router.rpc_probe.run, lambda: rpc_endpoints(view), lambda: held_endpoints(view))
     return Observers(history, sampler, metrics)

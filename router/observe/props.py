@@ -13,12 +13,12 @@ from typing import Any
 
 from router.config.load import Config
 from router.observe.status import capacity_entry, waiting_for
-from router.shell.runtime import Router
+from router.shell.views import RouterView
 from statemachine import RequestPhase, queries, serving_models
 
 
-def props_document(config: Config, router: Router) -> dict[str, Any]:
-    state = router.state
+def props_document(config: Config, view: RouterView) -> dict[str, Any]:
+    state = view.state
     settings = state.settings
     models = []
     for name in config.models:

@@ -13,36 +13,36 @@ from typing import Any
 
 from router.deploy.rpc_devices import rpc_devices
 from router.shell.rpc_probe import Endpoint
-from router.shell.runtime import Router
+from router.shell.views import RouterView
 from statemachine import queries, replica_state
 
 __all__ = ["held_endpoints", "rpc_device_entries", "rpc_endpoints"]
 
 
-def rpc_endpoints(router: Router) -> list[Endpoint]:
+def rpc_endpoints(view: RouterView) -> list[Endpoint]:
     """The (host, port) of every configured RPC device."""
-    return [(d.host, d.port) for d in rpc_devices(router.config)]
+    return [(d.host, d.port) for d in rpc_devices(view.config)]
 
 
-def held_endpoints(router: Router) -> set[Endpoint]:
+def held_endpoints(view: RouterView) -> set[Endpoint]:
     """The endpoints of RPC devices some replica holds now."""
-    held = {g for r in router.state.replicas for g in r.gpus}
-    return {(d.host, d.port) for d in rpc_devices(router.config) if d.id in held}
+    held = {g for r in view.state.replicas for g in r.gpus}
+    return {(d.host, d.port) for d in rpc_devices(view.config) if d.id in held}
 
 
-def _predicted(router: Router, device: int, models: list[str]) -> int:
-    need = {m["name"]: m.get("need_by_gpu", {}) for m in router.plan_document.get("models", [])}
+def _predicted(view: RouterView, device: int, models: list[str]) -> int:
+    need = {m["name"]: m.get("need_by_gpu", {}) for m in view.plan_document.get("models", [])}
     return sum(int(need.get(model, {}).get(str(device), 0)) for model in models)
 
 
-def rpc_device_entries(router: Router) -> list[dict[str, Any]]:
+def rpc_device_entries(view: RouterView) -> list[dict[str, Any]]:
     """One entry per configured RPC device, in file order."""
-    state = router.state
-    config = router.config
+    state = view.state
+    config = view.config
     entries = []
     for device in rpc_devices(config):
         holders = [r for r in state.replicas if device.id in r.gpus]
-        result = router.rpc_probe.results.get((device.host, device.port))
+        result = view.rpc_result((device.host, device.port))
         if holders:
             status = "in_use"
         elif result is None:
@@ -57,7 +57,7 @@ def rpc_device_entries(router: Router) -> list[dict[str, Any]]:
                 "state": status,
                 "budget_bytes": state.settings.budget(device.id),
                 "reserved_bytes": queries.used(state, device.id),
-                "predicted_bytes": _predicted(router, device.id, [r.model for r in holders]),
+                "predicted_bytes": _predicted(view, device.id, [r.model for r in holders]),
                 "residents": sorted(queries.residents(state, device.id)),
                 "replicas": [{"id": r.id, "model": r.model, "state": replica_state(r)} for r in holders],
                 "models": [m.name for m in config.models.values() if device.name in m.rpc],

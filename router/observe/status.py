@@ -12,18 +12,18 @@ from router.config.load import Config, resolve_name
 from router.deploy.rpc_devices import is_rpc, local_gpus
 from router.hosts.server_build import UNKNOWN_BUILD, known_build
 from router.observe.rpc_status import rpc_device_entries
-from router.shell.runtime import Router
+from router.shell.views import RouterView
 from router.version import package_version
 from statemachine import ModelState, ReplicaPhase, State, model_state, queries, replica_state
 
 LOG_TAIL_BYTES = 1 << 20  # most of a replica's log file that /logs/{replica} sends
 
 
-def gpu_entry(router: Router, gpu: int) -> dict[str, Any]:
+def gpu_entry(view: RouterView, gpu: int) -> dict[str, Any]:
     """One GPU for /status: the scheduler's budget and predicted use, and the driver's latest reading."""
-    state = router.state
+    state = view.state
     budget = state.settings.budget(gpu)
-    measured = router.gpus.last.get(gpu)
+    measured = view.gpu_reading(gpu)
     entry: dict[str, Any] = {
         "id": gpu,
         "name": measured.reading.name if measured else None,
@@ -51,9 +51,9 @@ def gpu_entry(router: Router, gpu: int) -> dict[str, Any]:
     return entry
 
 
-def model_entry(config: Config, router: Router, name: str, created: int) -> dict[str, Any]:
+def model_entry(config: Config, view: RouterView, name: str, created: int) -> dict[str, Any]:
     """One model of /v1/models (and GET /v1/models/{id})."""
-    state = router.state
+    state = view.state
     model = config.models[name]
     entry: dict[str, Any] = {
         "id": name,
@@ -64,10 +64,10 @@ def model_entry(config: Config, router: Router, name: str, created: int) -> dict
         "gpus": list(local_gpus(state.settings.models[name].gpus)),
         "aliases": list(model.aliases),
         "parallel": model.parallel,
-        "ctx": router.launches[name].ctx,
+        "ctx": view.launches[name].ctx,
         # What a router that peers with this one reads: capacity (slots over every replica) and context.
         "slots": model.parallel * model.num_instance,
-        "ctx_per_slot": router.launches[name].ctx_per_slot,
+        "ctx_per_slot": view.launches[name].ctx_per_slot,
     }
     if model.rpc:
         entry["rpc_devices"] = list(model.rpc)
@@ -81,13 +81,13 @@ def model_entry(config: Config, router: Router, name: str, created: int) -> dict
     return entry
 
 
-def peer_model_entry(router: Router, name: str, created: int) -> dict[str, Any]:
+def peer_model_entry(view: RouterView, name: str, created: int) -> dict[str, Any]:
     """One model a peer serves, for /v1/models: ``peer`` says where it lives."""
-    spec = router.state.settings.models[name]
+    spec = view.state.settings.models[name]
     peer = spec.peer
     assert peer is not None
-    aliases = [alias for alias, model in router.peers.aliases().items() if model == name]
-    down = peer in router.state.peers_down
+    aliases = [alias for alias, model in view.peer_aliases().items() if model == name]
+    down = peer in view.state.peers_down
     return {
         "id": name,
         "object": "model",
@@ -100,14 +100,14 @@ def peer_model_entry(router: Router, name: str, created: int) -> dict[str, Any]:
     }
 
 
-def peer_model_names(router: Router) -> list[str]:
-    return [name for name, spec in router.state.settings.models.items() if spec.remote]
+def peer_model_names(view: RouterView) -> list[str]:
+    return [name for name, spec in view.state.settings.models.items() if spec.remote]
 
 
-def pool_entry(config: Config, router: Router, name: str, created: int) -> dict[str, Any]:
+def pool_entry(config: Config, view: RouterView, name: str, created: int) -> dict[str, Any]:
     """One pool of /v1/models (and GET /v1/models/{id})."""
     pool = config.pools[name]
-    ready = any(model_state(router.state, m) is ModelState.READY for m in pool.members)
+    ready = any(model_state(view.state, m) is ModelState.READY for m in pool.members)
     return {
         "id": name,
         "object": "model",
@@ -120,24 +120,24 @@ def pool_entry(config: Config, router: Router, name: str, created: int) -> dict[
     }
 
 
-def models_document(config: Config, router: Router) -> dict[str, Any]:
+def models_document(config: Config, view: RouterView) -> dict[str, Any]:
     created = int(time.time())
-    data = [model_entry(config, router, name, created) for name in config.models]
-    data += [pool_entry(config, router, name, created) for name in config.pools]
-    data += [peer_model_entry(router, name, created) for name in peer_model_names(router)]
+    data = [model_entry(config, view, name, created) for name in config.models]
+    data += [pool_entry(config, view, name, created) for name in config.pools]
+    data += [peer_model_entry(view, name, created) for name in peer_model_names(view)]
     return {"object": "list", "data": data}
 
 
-def named_entry(config: Config, router: Router, name: str) -> dict[str, Any] | None:
+def named_entry(config: Config, view: RouterView, name: str) -> dict[str, Any] | None:
     """The /v1/models entry of a model or pool named ``name`` or one of its aliases; None when unknown."""
     target = resolve_name(config, name)
     created = int(time.time())
     if target is None:
-        remote = router.peer_model(name)
-        return None if remote is None else peer_model_entry(router, remote, created)
+        remote = view.peer_model(name)
+        return None if remote is None else peer_model_entry(view, remote, created)
     if target in config.models:
-        return model_entry(config, router, target, created)
-    return pool_entry(config, router, target, created)
+        return model_entry(config, view, target, created)
+    return pool_entry(config, view, target, created)
 
 
 def capacity_entry(state: State, model: str) -> dict[str, Any]:
@@ -186,12 +186,12 @@ def waiting_for(state: State, target: str) -> int:
     return fifo.count if fifo else 0
 
 
-def llama_server_entries(router: Router) -> list[dict[str, Any]]:
+def llama_server_entries(view: RouterView) -> list[dict[str, Any]]:
     """Each llama-server binary the local models run (today the one of ``[router] llama_server``): its
     path, its llama.cpp build and commit (null: unknown) and its models. The builds are the readings made
     at start and on reload: nothing is run here."""
     models: dict[str, list[str]] = {}
-    for name, launch in router.launches.items():
+    for name, launch in view.launches.items():
         models.setdefault(launch.binary, []).append(name)
     return [
         {"path": binary, **(known_build(binary) or UNKNOWN_BUILD).as_json(), "models": names}
@@ -199,20 +199,20 @@ def llama_server_entries(router: Router) -> list[dict[str, Any]]:
     ]
 
 
-def health_document(router: Router) -> dict[str, Any]:
+def health_document(view: RouterView) -> dict[str, Any]:
     """/health: ok, the router's version and the build of each llama-server binary in use (no paths: the
     route is open without an API key)."""
-    builds = [{"build": e["build"], "commit": e["commit"]} for e in llama_server_entries(router)]
+    builds = [{"build": e["build"], "commit": e["commit"]} for e in llama_server_entries(view)]
     return {"status": "ok", "version": package_version(), "llama_server": builds}
 
 
-def status_document(config: Config, router: Router) -> dict[str, Any]:
-    state = router.state
+def status_document(config: Config, view: RouterView) -> dict[str, Any]:
+    state = view.state
     now = max(state.now, trio.current_time())  # the scheduler's clock only moves with events
     waiting = queries.queued(state)
     replicas = []
     for r in state.replicas:
-        info = router.supervisor.info(r.id)
+        info = view.replica_info(r.id)
         replicas.append(
             {
                 "id": r.id,
@@ -222,14 +222,14 @@ def status_document(config: Config, router: Router) -> dict[str, Any]:
                 "state": replica_state(r),
                 "in_flight": len(r.inflight),
                 "slots": state.settings.models[r.model].slots,
-                "port": router.ports.get(r.id) or (info.port if info else None),
+                "port": view.ports.get(r.id) or (info.port if info else None),
                 "pid": info.pid if info else None,
                 "started_at": info.started_at if info else None,
                 "log_path": info.log_path if info else None,
                 "log_url": f"/logs/{r.id}",
             }
         )
-    gpus = [gpu_entry(router, gpu) for gpu in sorted(state.settings.devices) if not is_rpc(gpu)]
+    gpus = [gpu_entry(view, gpu) for gpu in sorted(state.settings.devices) if not is_rpc(gpu)]
     pools = [
         {
             "name": name,
@@ -241,26 +241,26 @@ def status_document(config: Config, router: Router) -> dict[str, Any]:
     ]
     return {
         "version": package_version(),
-        "llama_server": llama_server_entries(router),
+        "llama_server": llama_server_entries(view),
         "queue": [
             {"id": q.rid, "target": q.target, "age_s": round(now - q.arrived, 3), "tokens": q.tokens}
             for q in waiting
         ],
         "gpus": gpus,
-        "rpc_devices": rpc_device_entries(router),
+        "rpc_devices": rpc_device_entries(view),
         "replicas": replicas,
         "pools": pools,
-        "peers": peers_entry(router),
-        "recent": [attrs.asdict(h) for h in reversed(router.happenings)],
+        "peers": peers_entry(view),
+        "recent": [attrs.asdict(h) for h in reversed(tuple(view.happenings()))],
         "shutting_down": state.shutting_down,
     }
 
 
-def peers_entry(router: Router) -> list[dict[str, Any]]:
+def peers_entry(view: RouterView) -> list[dict[str, Any]]:
     """Each peer: its URL, up or down and why, its models, and what is forwarded to it now."""
-    state = router.state
+    state = view.state
     out = []
-    for entry in router.peers.describe():
+    for entry in view.peer_entries():
         name = entry["name"]
         entry["in_flight"] = len(state.peer_inflight.get(name, ()))
         entry["max_in_flight"] = state.settings.peer_limit(name)
@@ -270,17 +270,17 @@ def peers_entry(router: Router) -> list[dict[str, Any]]:
     return out
 
 
-async def replica_log(router: Router, replica: int, lines: int | None) -> tuple[str, str] | None:
+async def replica_log(view: RouterView, replica: int, lines: int | None) -> tuple[str, str] | None:
     """The output of a replica (running, or exited a short while ago) and where it came from: the tail of
     its log file (``"file"``), else the lines kept in memory (``"memory"``); None for an unknown replica.
     ``lines`` keeps only that many last lines."""
-    if router.supervisor.info(replica) is None:
+    if view.replica_info(replica) is None:
         return None
-    file = router.supervisor.log_file(replica)
+    file = view.replica_log_file(replica)
     text = None if file is None else await trio.to_thread.run_sync(file.read_tail, LOG_TAIL_BYTES)
     source = "file"
     if text is None:
-        text = "".join(line + "\n" for line in router.supervisor.logs(replica))
+        text = "".join(line + "\n" for line in view.replica_log_lines(replica))
         source = "memory"
     if lines is not None:
         text = "".join(text.splitlines(keepends=True)[-lines:]) if lines > 0 else ""

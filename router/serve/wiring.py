@@ -1,6 +1,7 @@
 """Wiring: every long-lived object of a running router, built once and connected here — the observers, the
 pool of connections to replicas, the one proxy, the quart app with its routes, and the data path in front
-of it. Nothing else builds them; handlers and observers get what they use from here."""
+of it. Nothing else builds them; handlers and observers get from here the narrow view of the router they
+use (``router.shell.views``), never the router itself."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from router.config.load import Config
 from router.http.app import create_app
 from router.http.dash import register_dash
 from router.http.forward import DataPath, Forwarder
+from router.http.peer_relay import PeerRelay
 from router.http.proxy import Proxy
 from router.http.upstream import UpstreamPool
 from router.observe.observers import Observers, start_observers
 from router.shell.runtime import Router
+from router.shell.views import Admin, Desk, RouterView
 
 UPSTREAM_CONNECT_TIMEOUT = 10.0
 UPSTREAM_WRITE_TIMEOUT = 60.0
@@ -53,8 +56,10 @@ async def wire(nursery: trio.Nursery, config: Config, router: Router, client: ht
     )
     nursery.start_soon(pool.run_sweeper)
     router.stop_listeners.append(pool.forget_port)
-    proxy = Proxy(router, pool)
-    app = create_app(config, router, proxy)
-    register_dash(app, config, router, observers, proxy)
-    data_path = DataPath(app, Forwarder(config, router, proxy, client))
+    admin = Admin(router)  # the narrowest view each part needs: Admin > Desk > RouterView
+    peers = PeerRelay(RouterView(router), router.peer_http, config.router.reply_timeout)
+    proxy = Proxy(RouterView(router), pool, peers)
+    app = create_app(config, admin, proxy)
+    register_dash(app, config, Desk(router), observers, proxy)
+    data_path = DataPath(app, Forwarder(config, Desk(router), proxy, client))
     return Wired(observers, pool, proxy, app, data_path)

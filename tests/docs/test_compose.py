@@ -15,9 +15,11 @@ from dockerfile_parse import DockerfileParser
 
 from router.config.load import config_from_dict
 from router.http.app import create_app
+from router.http.peer_relay import PeerRelay
 from router.http.proxy import Proxy
 from router.http.upstream import UpstreamPool
 from router.serve.server import build_router
+from router.shell.views import Admin, RouterView
 from tests.support.simconfig import config_document
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,7 +104,8 @@ async def test_the_healthcheck_asks_a_path_the_app_serves(tmp_path: Path) -> Non
     router = build_router(config)
     try:
         pool = UpstreamPool(connect_timeout=1.0, read_timeout=1.0, write_timeout=1.0)
-        rules = {rule.rule for rule in create_app(config, router, Proxy(router, pool)).url_map.iter_rules()}
+        proxy = Proxy(RouterView(router), pool, PeerRelay(RouterView(router), router.peer_http, 1.0))
+        rules = {rule.rule for rule in create_app(config, Admin(router), proxy).url_map.iter_rules()}
     finally:
         router.gpus.close()
     assert found.group(2) in rules

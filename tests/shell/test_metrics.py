@@ -19,6 +19,7 @@ from router.journal.usage import UsageSniffer
 from router.observe.gpu_sampler import GpuSampler
 from router.observe.metrics import CACHE_MISS_MIN_PROMPT, STOP_LABELS, RouterMetrics, stop_label
 from router.serve.server import build_router
+from router.shell.views import RouterView
 from statemachine import KillCause
 from statemachine.queries import queued, used
 from tests.support.browser import gguf_router
@@ -117,7 +118,7 @@ async def test_counters_follow_requests_tokens_and_loads(tmp_path: Path) -> None
     # The load: counted once, its duration observed once (ready), the replica ready with its one slot free.
     assert value(after, "llama_router_loads_total", model="alpha") == 1
     assert value(after, "llama_router_load_duration_seconds_count", model="alpha", outcome="ready") == 1
-    assert value(after, "llama_router_load_duration_seconds_sum", model="alpha", outcome="ready") > 0.05
+    assert value(after, "llama_router_load_duration_seconds_sum", model="alpha", outcome="ready") > 0
     assert value(after, "llama_router_replicas", model="alpha", state="ready") == 1
     assert value(after, "llama_router_slots", model="alpha") == 1
     assert value(after, "llama_router_slots_in_use", model="alpha") == 0
@@ -136,14 +137,16 @@ async def test_queue_loading_and_busy_slots_are_read_at_scrape_time(tmp_path: Pa
     async with running_router(tmp_path, models) as h, trio.open_nursery() as nursery:
         pending = start_stream(nursery, h.client, chat_body("slow"))
         await h.wait_state(lambda s: any(r.phase == "loading" for r in s.replicas) and len(queued(s)) == 1)
-        await trio.sleep(0.3)
         loading = await scrape(h.client)
+        still_loading = await scrape(h.client)
         await pending.first_token.wait()
         busy = await scrape(h.client)
         nursery.cancel_scope.cancel()
 
     assert value(loading, "llama_router_queue_depth", target="slow") == 1
-    assert value(loading, "llama_router_queue_oldest_age_seconds") >= 0.3
+    # Read at scrape time: the same request is older at the next scrape.
+    age = value(loading, "llama_router_queue_oldest_age_seconds")
+    assert 0 < age < value(still_loading, "llama_router_queue_oldest_age_seconds")
     assert value(loading, "llama_router_replicas", model="slow", state="loading") == 1
     assert value(loading, "llama_router_replicas", model="slow", state="ready") == 0
     assert value(busy, "llama_router_queue_depth", target="slow") == 0
@@ -217,7 +220,7 @@ async def test_measured_gpu_readings_reach_the_timeline_and_the_metrics(tmp_path
         0: GpuReading(0, total=80 * GIB, used=3 * GIB, util=42.0),
         1: GpuReading(1, total=24 * GIB, used=GIB),
     }
-    sampler = GpuSampler(router, reader=lambda: readings)
+    sampler = GpuSampler(RouterView(router), reader=lambda: readings)
     assert sampler.measuring
     await sampler.sample()
     await sampler.sample()
@@ -227,7 +230,7 @@ async def test_measured_gpu_readings_reach_the_timeline_and_the_metrics(tmp_path
     assert gpu0["used"] == [3 * GIB] * 2 and gpu0["total"] == [80 * GIB] * 2 and gpu0["util"] == [42.0] * 2
     assert gpu1["budget"] == [1024 * 1024**2] * 2 and gpu1["util"] == [None] * 2
     assert sampler.timeline(since=timeline["t"][-1])["t"] == []
-    samples = parse((await RouterMetrics(router, sampler=sampler).render()).decode())
+    samples = parse((await RouterMetrics(RouterView(router), sampler=sampler).render()).decode())
     assert value(samples, "llama_router_gpu_memory_used_bytes", gpu="0") == 3 * GIB
     assert value(samples, "llama_router_gpu_memory_total_bytes", gpu="1") == 24 * GIB
     assert value(samples, "llama_router_gpu_utilization_ratio", gpu="0") == pytest.approx(0.42)
@@ -274,7 +277,7 @@ async def test_long_prompts_that_reuse_nothing_count_as_cache_misses(tmp_path: P
         "router": {"history_db": str(tmp_path / "h"), "replica_logs": str(tmp_path / "logs")},
         "models": {"m": {"model": str(write_sim_model(tmp_path, "m"))}},
     }
-    metrics = RouterMetrics(build_router(config_from_dict(doc, "test")))
+    metrics = RouterMetrics(RouterView(build_router(config_from_dict(doc, "test"))))
     long = CACHE_MISS_MIN_PROMPT
     for prompt, cached in ((long, 0), (long - 1, 0), (long, None), (long * 4, long), (long * 2, 0)):
         metrics.observe(

@@ -21,9 +21,11 @@ from pathlib import Path
 import pytest
 import trio
 
+from router.http.peer_relay import PeerRelay
 from router.http.proxy import Proxy
 from router.http.upstream import UpstreamPool
 from router.shell.ticket import Ticket
+from router.shell.views import RouterView
 from tests.support import REPO
 from tests.support.client import chat_body
 from tests.support.harness import RouterHandle, running_router
@@ -82,7 +84,8 @@ async def test_a_request_cancelled_at_any_await_point_ends_once_and_frees_its_sl
         records: list[object] = []
         h.router.record_listeners.append(records.append)
         pool = UpstreamPool(connect_timeout=5.0, read_timeout=30.0, write_timeout=30.0)
-        proxy = Proxy(h.router, pool)
+        view = RouterView(h.router)
+        proxy = Proxy(view, pool, PeerRelay(view, h.router.peer_http, 30.0))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pool.run_sweeper)
             k = 0

@@ -151,3 +151,21 @@ def test_the_layer_check_sees_an_upward_import(tmp_path: Path) -> None:
     targets = [t for _, t in imported("router.placement.x", path, set(modules()))]
     assert targets == ["router.http.app"]
     assert layer_of("router.http.app") > layer_of("router.placement.x")
+
+
+def test_handlers_and_observers_see_the_router_only_through_its_views() -> None:
+    """router/http and router/observe read the running router through router.shell.views; only the wiring
+    (router/serve, and router/observe/observers.py, which hands the metrics and the history to the router's
+    listeners) holds the Router itself."""
+    root = Path(__file__).resolve().parents[2]
+    allowed = {"router/observe/observers.py"}
+    found = []
+    for folder in ("router/http", "router/observe"):
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            if rel in allowed:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and node.module == "router.shell.runtime":
+                    found.append(f"{rel}:{node.lineno}")
+    assert not found, found
