@@ -30,6 +30,7 @@ from router.shell.runtime import Router
 
 log = logging.getLogger("router")
 LAST_RESORT_AFTER = 10.0
+REPEAT_WINDOW = 1.0  # a stop signal repeated this soon after the first is the same request (a double Ctrl-C)
 FILES_RESERVED = 128  # descriptors kept for replicas' pipes, the history database, logs and the like
 LISTEN_BACKLOG = 4096  # connections the kernel queues before they are accepted
 
@@ -111,11 +112,17 @@ async def _serve_router(
                     break
                 first = trio.current_time()
                 async for _ in signals:
-                    if trio.current_time() - first > 1.0:  # a repeat within a second is the same request
-                        log.warning("second signal: stopping now")
-                        router.submit_shutdown_now()
-                        nursery.start_soon(last_resort)
-                        break
+                    if trio.current_time() - first <= REPEAT_WINDOW:
+                        log.info(
+                            "%s again within %g s of the first: the same request (send it again to stop now)",
+                            name,
+                            REPEAT_WINDOW,
+                        )
+                        continue
+                    log.warning("second signal: stopping now")
+                    router.submit_shutdown_now()
+                    nursery.start_soon(last_resort)
+                    break
 
         async def last_resort() -> None:
             # Replicas are stopped and stalled writes cut within seconds; if anything still holds the

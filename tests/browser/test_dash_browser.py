@@ -12,6 +12,8 @@ Debian/Ubuntu: ``apt-get install -y chromium`` (pulls in chromium-common and chr
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -21,9 +23,21 @@ from router.shell.ports import free_port
 from router.shell.runtime import Router
 from tests.support.browser import OUTPUTS, SHAPES, chromium, elements, find_browser, gguf_router
 from tests.support.client import chat_body, stream
-from tests.support.harness import running_router
+from tests.support.harness import RouterHandle, running_router
+from tests.support.waiting import until
 
 # Shapes close to well-known 7-14B models at 4-bit; the files hold headers only.
+
+
+async def sampled(client: httpx.AsyncClient, holds: Callable[[list[list[str]]], bool]) -> bool:
+    """Whether the GPU sampler's latest sample of GPU 0's residents (``[model, state]`` pairs) ``holds``."""
+    residents = (await client.get("/dash/timeline")).json()["gpus"][0]["residents"]
+    return bool(residents) and holds(residents[-1])
+
+
+async def sampled_since(client: httpx.AsyncClient, since: float) -> bool:
+    """Whether the GPU sampler took a sample after the wall-clock time ``since``."""
+    return any(at > since for at in (await client.get("/dash/timeline")).json()["t"])
 
 
 async def make_traffic(client: httpx.AsyncClient, router: Router) -> None:
@@ -35,7 +49,8 @@ async def make_traffic(client: httpx.AsyncClient, router: Router) -> None:
         client, "/v1/chat/completions", chat_body("mistral-7b", "a streamed reply please")
     )
     assert streamed.status == 200 and streamed.done
-    await trio.sleep(2.2)  # let the sampler see this residency before the swap
+    # The sampler sees this residency before the swap.
+    await until(lambda: sampled(client, lambda gpu0: ["mistral-7b", "ready"] in gpu0), timeout=20)
     reply = await client.post("/v1/chat/completions", json=chat_body("phi-mini", "this one evicts"))
     assert reply.status_code == 200
     left = await stream(client, "/v1/chat/completions", chat_body("qwen-14b", "long"), drop_after=3)
@@ -60,7 +75,8 @@ async def test_dashboard_shows_timeline_residency_and_history(tmp_path: Path) ->
     devices = {"0": {"memory_mib": 16384}, "1": {"memory_mib": 16384}}
     async with gguf_router(tmp_path, models, router=router, devices=devices) as h:
         await make_traffic(h.client, h.router)
-        await trio.sleep(2.5)  # one more sample after the last change
+        changed = time.time()  # one more sample after the last change:
+        await until(lambda: sampled_since(h.client, changed), timeout=20)
         answered = (await h.client.get("/history", params={"limit": 1000, "status": "ok"})).json()["rows"]
         dom = (await chromium(browser, "--virtual-time-budget=6000", "--dump-dom", f"{h.url}/dash")).decode()
         OUTPUTS.mkdir(exist_ok=True)
@@ -148,6 +164,13 @@ async def test_chat_page_loads_the_model_on_demand_and_passes_through(tmp_path: 
     assert chat_rows[0]["generated_tokens"] == 4 and chat_rows[0]["model_served"] == "alpha"
 
 
+async def a_status_says_unreachable(handle: RouterHandle) -> None:
+    async def unreachable() -> bool:
+        return bool((await handle.status())["rpc_devices"][0]["state"] == "unreachable")
+
+    await until(unreachable, timeout=20, what="the RPC device unreachable")
+
+
 async def test_dashboard_shows_each_peer_and_rpc_device_with_its_state(tmp_path: Path) -> None:
     """A router with one peer that answers (another router here) and one that does not, and an RPC device
     nothing listens at: /dash lists both peers, up and down, with the models of the one that answers, and
@@ -165,8 +188,7 @@ async def test_dashboard_shows_each_peer_and_rpc_device_with_its_state(tmp_path:
         async with running_router(tmp_path / "a", models, peers=peers, rpc_devices=rpc) as a:
             with trio.fail_after(20):
                 await a.router.wait_until(lambda s: "far" in s.settings.models and "gone" in s.peers_down)
-                while (await a.status())["rpc_devices"][0]["state"] != "unreachable":
-                    await trio.sleep(0.1)
+            await a_status_says_unreachable(a)
             dom = (
                 await chromium(browser, "--virtual-time-budget=4000", "--dump-dom", f"{a.url}/dash")
             ).decode()

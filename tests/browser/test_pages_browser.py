@@ -39,7 +39,7 @@ async def history(h: RouterHandle, model: str) -> list[dict[str, Any]]:
 
 async def no_horizontal_scroll(page: Page, width: int) -> None:
     await page.viewport(width, 800, mobile=True)
-    await trio.sleep(0.2)
+    await page.wait_for(f"window.innerWidth === {width}")  # reading scrollWidth then lays the page out anew
     wide = await page.evaluate("document.documentElement.scrollWidth")
     assert wide <= width, f"the page is {wide} px wide in a {width} px viewport"
 
@@ -79,10 +79,12 @@ async def test_translate_streams_a_translation_and_stop_aborts_one(tmp_path: Pat
         await page.evaluate("document.getElementById('stop').click()")
         await page.wait_for("document.getElementById('state').dataset.state === 'stopped'")
         shown = await page.evaluate("document.getElementById('output').textContent")
-        await trio.sleep(0.6)
+        # Once the router has let the request go, no byte of it is on its way; a task of the page's after
+        # that has seen whatever was.
+        await h.wait_idle()
+        await page.evaluate("new Promise(resolve => setTimeout(resolve, 0))")
         assert await page.evaluate("document.getElementById('output').textContent") == shown
         assert 3 <= len(shown.split()) < 100
-        await h.wait_idle()
         (left,) = await history(h, "slow")
         assert left["status"] == 499
         assert await page.evaluate("document.getElementById('go').disabled") is False

@@ -19,6 +19,7 @@ from router.shell.ports import free_port
 from tests.support.client import SseEvent, hold_busy, stream
 from tests.support.harness import RouterHandle, serving
 from tests.support.realharness import long_body, real_document
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.real
 
@@ -97,13 +98,12 @@ async def test_a_peer_serves_its_models_here_and_a_pool_falls_back_to_it(tmp_pat
         with trio.fail_after(10):
             await b.router.wait_until(lambda s: not s.requests)
             await a.router.wait_until(lambda s: not s.requests)
-        with trio.fail_after(10):
-            while True:
-                rows = (await b.client.get("/history", params={"limit": 50})).json()["rows"]
-                if any(r["status"] == 499 for r in rows):
-                    break
-                await trio.sleep(0.1)
-        cut = next(r for r in rows if r["status"] == 499)
+
+        async def cut_row() -> dict[str, Any] | None:
+            rows = (await b.client.get("/history", params={"limit": 50})).json()["rows"]
+            return next((r for r in rows if r["status"] == 499), None)
+
+        cut = await until(cut_row, what="the peer's 499 row")
         assert cut["model_served"] == "far" and (cut["generated_tokens"] or 0) < 1900
         after = await a.client.post("/v1/chat/completions", json=long_body("far", 2))
         assert after.status_code == 200
@@ -151,11 +151,9 @@ async def test_a_peer_that_is_down_answers_within_seconds_and_never_blocks_local
     async with two_routers(tmp_path, b_peer_url=dead) as (a, _b):
         await a.wait_ready("near", timeout=60)
         with trio.fail_after(20):
-            while True:
-                entry = next(p for p in (await a.status())["peers"] if p["name"] == "b")
-                if entry["state"] == "down":
-                    break
-                await trio.sleep(0.2)
+            await a.router.wait_until(lambda s: "b" in s.peers_down)
+        entry = next(p for p in (await a.status())["peers"] if p["name"] == "b")
+        assert entry["state"] == "down"
         assert "cannot connect" in entry["reason"] or "connection" in entry["reason"]
         # far was never discovered: unknown here, with the list of what is served.
         missing = await a.client.post("/v1/chat/completions", json=long_body("far", 2))

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
 from tests.support.harness import RouterHandle
 from tests.support.realharness import real_router
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.real
 
@@ -91,11 +91,13 @@ async def test_both_slots_of_a_two_slot_model_come_back(tmp_path: Path) -> None:
         assert "2 slot(s)" in save["kv"]["detail"]
         cached, _ = await timings(rt, chat("alpha", "Where does letter3 go?", "left", "And 4?", system=first))
         assert cached >= 0.9 * one
-        with trio.fail_after(30):  # the second slot is filled once the replica serves, beside the request
-            while (
-                len(restores := [h["kv"] for h in await kv_happenings(rt) if h["kind"] == "kv_restore"]) < 2
-            ):
-                await trio.sleep(0.05)
+
+        async def both_restored() -> list[dict[str, Any]] | None:
+            restores = [h["kv"] for h in await kv_happenings(rt) if h["kind"] == "kv_restore"]
+            return restores if len(restores) >= 2 else None
+
+        # The second slot is filled once the replica serves, beside the request.
+        restores = await until(both_restored, timeout=30)
         assert [(r["slot"], r["outcome"]) for r in restores] == [(0, "restored"), (1, "restored")]
         cached, _ = await timings(
             rt, chat("alpha", "Where does parcel3 go?", "right", "And 4?", system=second)

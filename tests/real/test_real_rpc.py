@@ -6,17 +6,16 @@ from __future__ import annotations
 import contextlib
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import trio
 
 from router.shell.ports import free_port
 from tests.support.harness import serving
 from tests.support.realenv import _unavailable, require_llama_server
 from tests.support.realharness import long_body, real_document
+from tests.support.waiting import NotReached, until, until_blocking
 
 pytestmark = pytest.mark.real
 
@@ -42,13 +41,19 @@ def rpc_server(log_path: Path) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
     with log_path.open("wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
-        while True:  # its output is block-buffered in a file: wait for the port instead
+
+        def listening() -> bool:
+            if process.poll() is not None:
+                pytest.fail("rpc-server exited:\n" + log_path.read_text(errors="replace"))
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("rpc-server does not listen:\n" + log_path.read_text(errors="replace"))
-            time.sleep(0.05)
+                return True
+            return False
+
+        # Its output is block-buffered in a file: wait for the port instead.
+        try:
+            until_blocking(listening, timeout=30)
+        except NotReached:
+            pytest.fail("rpc-server does not listen:\n" + log_path.read_text(errors="replace"))
         yield port, process
     finally:
         process.terminate()
@@ -96,6 +101,4 @@ async def test_a_model_on_a_local_rpc_server_answers_through_the_router(tmp_path
 
             # The replica holds a TCP connection to the rpc-server for as long as its model is loaded.
             assert connected(replica["pid"], port)
-            with trio.fail_after(10):
-                while "Accepted client connection" not in rpc_log.read_text(errors="replace"):
-                    await trio.sleep(0.1)
+            await until(lambda: "Accepted client connection" in rpc_log.read_text(errors="replace"))

@@ -15,6 +15,7 @@ import trio
 
 from tests.support.client import SseEvent, StreamResult, max_overlap, stream
 from tests.support.realharness import long_body, real_router
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.real
 
@@ -39,9 +40,8 @@ async def test_order_across_a_swap(tmp_path: Path) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(run, "a1", long_body("a", 1200))
             await started.wait()
-            await trio.sleep(0.1)
             nursery.start_soon(run, "b", long_body("b", 8))
-            await trio.sleep(0.1)
+            await rt.wait_state(lambda s: any(r.target == "b" for r in s.requests.values()))  # b is in first
             nursery.start_soon(run, "a2", long_body("a", 8))
         for name in ("a1", "b", "a2"):
             assert results[name].status == 200, results[name].body[:500]
@@ -56,6 +56,7 @@ async def test_dropped_client_frees_its_slot(tmp_path: Path) -> None:
     async with real_router(tmp_path, {"a": {"parallel": 2, "ctx": 6144}}) as rt:
         results: dict[str, StreamResult] = {}
         both = [trio.Event(), trio.Event()]
+        ended = [trio.Event(), trio.Event()]
 
         async def long(index: int, drop: int | None) -> None:
             def seen(event: SseEvent) -> None:
@@ -66,6 +67,7 @@ async def test_dropped_client_frees_its_slot(tmp_path: Path) -> None:
                 rt.client, CHAT, long_body("a", 2500), drop_after=drop, on_event=seen
             )
             both[index].set()
+            ended[index].set()
 
         async def short(name: str) -> None:
             results[name] = await stream(rt.client, CHAT, long_body("a", 4))
@@ -74,9 +76,7 @@ async def test_dropped_client_frees_its_slot(tmp_path: Path) -> None:
             nursery.start_soon(long, 0, None)
             nursery.start_soon(long, 1, 20)
             await both[0].wait()
-            await both[1].wait()
-            while "long1" not in results:
-                await trio.sleep(0.01)
+            await ended[1].wait()
             nursery.start_soon(short, "s1")
             nursery.start_soon(short, "s2")
         survivor = results["long0"]
@@ -103,14 +103,18 @@ async def test_n_clients_p_slots_generate_together(tmp_path: Path) -> None:
             first.set()
 
         async def watch_slots() -> None:
-            # Ask the replica itself (not through the router, whose slots are all taken).
+            # Ask the replica itself (not through the router, whose slots are all taken) until it says
+            # three generate (or the deadline passes).
             await first.wait()
             port = (await rt.status())["replicas"][0]["port"]
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as direct:
-                while len(results) < 4:
+
+                async def three_busy() -> bool:
                     reply = await direct.get("/slots")
                     busy_seen.append(sum(1 for s in reply.json() if s.get("is_processing")))
-                    await trio.sleep(0.02)
+                    return busy_seen[-1] == 3 or len(results) == 4
+
+                await until(three_busy, timeout=120)
 
         async with trio.open_nursery() as nursery:
             for i in range(4):

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import trio
-
+from tests.support.client import chat_body
 from tests.support.harness import RouterHandle
+from tests.support.waiting import until
 
 MODELS: Mapping[str, Mapping[str, Any]] = {"alpha": {"sim": {"tokens": 4}}}
 EVIL = "http://evil.example"
@@ -30,6 +30,13 @@ def replicas_now(h: RouterHandle) -> list[tuple[int, str]]:
 
 
 async def wait_lines(h: RouterHandle, path: str, count: int) -> None:
-    with trio.fail_after(5):
-        while request_lines(h, path) < count:
-            await trio.sleep(0.02)
+    await until(lambda: request_lines(h, path) >= count, timeout=5, what=f"{count} request(s) for {path}")
+
+
+async def allowed_chat_after(h: RouterHandle) -> None:
+    """One chat request with no Origin, served: the event a test waits for instead of waiting to see that
+    refused requests reach nothing. What the router did for the requests before it (an admin action
+    through the owner, a request to a replica) came before it; the replica logs it as one more chat."""
+    lines = request_lines(h, "/v1/chat/completions")
+    assert (await h.client.post("/v1/chat/completions", json=chat_body("alpha"))).status_code == 200
+    await wait_lines(h, "/v1/chat/completions", lines + 1)

@@ -8,9 +8,16 @@ import json
 from pathlib import Path
 
 import httpx
-import trio
 
-from tests.shell.browser_safety_common import APP, EVIL, MODELS, replicas_now, request_lines, wait_lines
+from tests.shell.browser_safety_common import (
+    APP,
+    EVIL,
+    MODELS,
+    allowed_chat_after,
+    replicas_now,
+    request_lines,
+    wait_lines,
+)
 from tests.support.client import assert_openai_error, chat_body, stream
 from tests.support.harness import RouterHandle, running_router
 from tests.support.simtools import read_records
@@ -61,12 +68,12 @@ async def test_a_foreign_origin_reaches_no_replica_and_no_admin_action(tmp_path:
         edit_config(h, alpha=["renamed"])
         refused_reload = await h.client.post("/reload", json={}, headers={"Origin": "http://localhost:8080"})
         assert_openai_error(refused_reload, 403, "origin_not_allowed")  # localhost:8080 is another port
-        await trio.sleep(0.3)
+        await allowed_chat_after(h)
         assert replicas_now(h) == [(replica.id, "ready")]
-        assert request_lines(h, "/v1/chat/completions") == 1
+        assert request_lines(h, "/v1/chat/completions") == 2  # the first and the one after
         assert h.router.config.models["alpha"].aliases == ()
         statuses = [r["status"] for r in (await h.client.get("/history")).json()["rows"]]
-        assert statuses.count(200) == 1 and set(statuses) == {200, 403}, statuses
+        assert statuses.count(200) == 2 and set(statuses) == {200, 403}, statuses
 
 
 async def test_the_routers_own_origin_is_served(tmp_path: Path) -> None:

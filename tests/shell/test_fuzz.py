@@ -38,6 +38,8 @@ from tests.support.harness import running_router
 from tests.support.processes import Launched
 from tests.support.routerproc import process_serving_sync
 from tests.support.simconfig import config_document
+from tests.support.tcp import queues
+from tests.support.waiting import until
 
 SCALE = float(os.environ.get("LLAMA_ROUTER_FUZZ_SCALE", "1"))
 KEY = "fuzz-key"
@@ -326,6 +328,12 @@ PROTOCOL_CASES: dict[str, tuple[list[bytes], str]] = {
 }
 
 
+def read_all(server_port: int, client_port: int) -> bool:
+    """Whether the router has read all the client sent (or closed the connection)."""
+    held = queues(server_port, client_port)
+    return held is None or held.unread == 0
+
+
 @pytest.mark.parametrize("case", list(PROTOCOL_CASES))
 async def test_protocol_level_errors_are_well_formed_and_the_router_lives_on(
     tmp_path: Path, case: str
@@ -334,12 +342,14 @@ async def test_protocol_level_errors_are_well_formed_and_the_router_lives_on(
     async with running_router(tmp_path, {"a": MODELS["a"]}) as h:
         stream = await trio.open_tcp_stream(h.config.router.host, h.config.router.port)
         async with stream:
+            ours = stream.socket.getsockname()[1]
             for piece in pieces:
                 try:
                     await stream.send_all(piece)
                 except trio.BrokenResourceError:  # refused and closed before the rest arrived
                     break
-                await trio.sleep(0.05)
+                # The router reads this piece before the next is sent: each comes in a read of its own.
+                await until(lambda: read_all(h.config.router.port, ours), what="the piece read")
             if case == "body shorter than content-length":
                 await stream.send_eof()
             received = b""

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import trio
 
 from router.hosts.gpu_monitor import GpuMonitor
 from router.hosts.gpu_readers import AmdSmiSource, GpuReading, NvmlSource, ProcessUse, SysfsSource
@@ -23,6 +22,7 @@ from tests.support.client import post_chat
 from tests.support.fakenvml import FakeNvml, fake_nvml_fixture  # noqa: F401  (the `fake_nvml` fixture)
 from tests.support.harness import RouterHandle, running_router
 from tests.support.simtools import placed_sim_model, read_records
+from tests.support.waiting import until
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -123,10 +123,11 @@ def nvml_host(fake: FakeNvml) -> None:
 
 
 async def wait_records(h: RouterHandle, model: str, count: int = 1) -> list[dict[str, Any]]:
-    with trio.fail_after(10):
-        while len(records := read_records(h.records_of(model))) < count:
-            await trio.sleep(0.05)
-    return records
+    def records() -> list[dict[str, Any]] | None:
+        found = read_records(h.records_of(model))
+        return found if len(found) >= count else None
+
+    return await until(records, what=f"{count} start record(s) of {model}")
 
 
 @pytest.mark.parametrize("accounting", ["processes", "baseline"])
@@ -211,14 +212,14 @@ async def test_measured_readings_reach_status_and_the_timeline(tmp_path: Path, f
     }
     async with running_router(tmp_path, models) as h:
         assert (await post_chat(h.client, "small", max_tokens=1)).status_code == 200
-        timeline: dict[str, Any] = {}
-        with trio.fail_after(10):
-            while True:
-                timeline = (await h.client.get("/dash/timeline")).json()
-                gpu0 = timeline["gpus"][0]
-                if gpu0["used"] and gpu0["used"][-1] == 600 * MIB:
-                    break
-                await trio.sleep(0.2)
+
+        async def sampled() -> dict[str, Any] | None:
+            timeline = (await h.client.get("/dash/timeline")).json()
+            used = timeline["gpus"][0]["used"]
+            return dict(timeline) if used and used[-1] == 600 * MIB else None
+
+        timeline = await until(sampled, what="the sampler's reading of our replica")
+        gpu0 = timeline["gpus"][0]
         assert timeline["measured"] is True
         assert gpu0["total"][-1] == 2048 * MIB and gpu0["foreign"][-1] == 400 * MIB
         status = await h.status()

@@ -18,6 +18,7 @@ from router.journal.records import RequestRecord
 from tests.shell.test_metrics import parse, scrape, value
 from tests.support.client import chat_body, stream
 from tests.support.harness import running_router
+from tests.support.waiting import until
 
 CHAT = "/v1/chat/completions"
 
@@ -30,12 +31,12 @@ async def history(client: httpx.AsyncClient, **params: Any) -> dict[str, Any]:
 
 async def wait_rows(client: httpx.AsyncClient, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
     """The newest rows once there are ``count`` (a stream's row lands when the router sees it end)."""
-    with trio.fail_after(timeout):
-        while True:
-            rows = (await history(client, limit=100))["rows"]
-            if len(rows) >= count:
-                return list(reversed(rows))  # oldest first, like the requests were sent
-            await trio.sleep(0.05)
+
+    async def rows() -> list[dict[str, Any]] | None:
+        got = (await history(client, limit=100))["rows"]
+        return list(reversed(got)) if len(got) >= count else None  # oldest first, as they were sent
+
+    return await until(rows, timeout=timeout, what=f"{count} history rows")
 
 
 def final_usage(events: list[Any], key: str = "usage") -> dict[str, Any]:
@@ -159,12 +160,12 @@ async def test_an_unwritable_database_loses_rows_but_no_request(tmp_path: Path) 
         assert streamed.status == 200 and streamed.done
         missing = await h.client.post(CHAT, json=chat_body("nope"))
         assert missing.status_code == 404
-        with trio.fail_after(10):
-            while True:
-                samples = await scrape(h.client)
-                if value(samples, "llama_router_history_rows_lost_total") >= 6:
-                    break
-                await trio.sleep(0.1)
+
+        async def six_lost() -> Any:
+            samples = await scrape(h.client)
+            return samples if value(samples, "llama_router_history_rows_lost_total") >= 6 else None
+
+        samples = await until(six_lost)
         doc = await history(h.client)
 
     assert value(samples, "llama_router_history_rows_lost_total") == 6
@@ -240,13 +241,9 @@ async def test_a_row_sqlite_cannot_take_is_lost_and_the_writer_goes_on(tmp_path:
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
         store.add(attrs.evolve(record(time.time(), status=201), prompt_tokens=2**70))
-        with trio.fail_after(5):
-            while store.lost < 1:
-                await trio.sleep(0.01)
+        await until(lambda: store.lost >= 1, timeout=5)
         store.add(record(time.time(), status=202))
-        with trio.fail_after(5):
-            while store.written < 1:
-                await trio.sleep(0.01)
+        await until(lambda: store.written >= 1, timeout=5)
         nursery.cancel_scope.cancel()
     assert store.lost == 1 and store.written == 1
     rows, source = await store.query(HistoryQuery())

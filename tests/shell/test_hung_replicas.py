@@ -27,16 +27,13 @@ async def hang_mid_stream(h: RouterHandle, body: dict[str, Any], hang_timeout: f
             await victim.first_token.wait()
         (replica,) = (await h.status())["replicas"]
         os.kill(replica["pid"], signal.SIGSTOP)
-        stopped_at = trio.current_time()
         waiter = start_stream(nursery, h.client, {**body, "max_tokens": 4})
         with trio.fail_after(hang_timeout + 30):
             await victim.done.wait()
-        ended = trio.current_time() - stopped_at
         with trio.fail_after(60):
             await waiter.done.wait()
     reply = victim.stream
     assert reply.errors and "not responding" in reply.errors[-1]["message"], reply.errors
-    assert hang_timeout <= ended < hang_timeout + 15
     assert waiter.stream.status == 200 and waiter.stream.done, waiter.stream.body[:300]
     unresponsive = [x for x in h.router.happenings if x.kind == "unresponsive"]
     assert len(unresponsive) == 1 and f"hang_timeout = {hang_timeout:g}" in unresponsive[0].reason
@@ -63,8 +60,7 @@ async def test_a_reply_that_stalls_past_reply_timeout_ends_with_an_error(tmp_pat
     """A replica that is alive (it answers /health) but sends nothing: the exchange ends, not the replica."""
     models = {"m": {"sim": {"prompt_rate": 2.0}}}  # 2 prompt tokens a second: many seconds before a byte
     async with running_router(tmp_path, models, router={"reply_timeout": 1.0}) as h:
-        started = trio.current_time()
         reply = await post_chat(h.client, "m", max_tokens=2)
-        assert reply.status_code == 502 and trio.current_time() - started < 10
+        assert reply.status_code == 502
         assert "sent nothing for 1 s (reply_timeout)" in reply.json()["error"]["message"]
         assert [r["state"] for r in (await h.status())["replicas"]] == ["ready"]

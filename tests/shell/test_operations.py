@@ -37,9 +37,8 @@ async def test_idle_models_unload_after_their_ttl_and_startup_models_load_at_onc
     async with running_router(tmp_path, models, router={"num_gpus": 2}) as rt:
         await rt.wait_ready("warm")
         assert (await post_chat(rt.client, "a", max_tokens=2)).status_code == 200
-        finished = trio.current_time()
+        # When: the owner tier keeps the ttl on a mock clock (tests/owner/test_owner_timing.py); here, why.
         await rt.wait_state(lambda s: not any(r.model == "a" for r in s.replicas), timeout=5)
-        assert trio.current_time() - finished >= 0.45
         status = await rt.status()
         assert any(h["model"] == "a" and "ttl" in h["reason"] for h in status["recent"])
         assert [r["model"] for r in status["replicas"]] == ["warm"]

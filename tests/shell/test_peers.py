@@ -7,6 +7,7 @@ from pathlib import Path
 
 import trio
 
+from statemachine import State
 from tests.support.client import chat_body
 from tests.support.harness import running_router
 
@@ -52,14 +53,13 @@ async def test_requests_beyond_a_peers_limit_wait_here_and_go_in_order(tmp_path:
                 assert reply.status_code == 200, reply.text
                 finished.append(i)
 
-            async def watch() -> None:
+            def watch(state: State) -> bool:  # called at every change of b's state: never satisfied
                 nonlocal most
-                while True:
-                    most = max(most, len(b.router.state.requests))
-                    await trio.sleep(0.01)
+                most = max(most, len(state.requests))
+                return False
 
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(watch)
+                nursery.start_soon(b.router.wait_until, watch)
                 async with trio.open_nursery() as clients:
                     for i in range(4):
                         clients.start_soon(one, i)

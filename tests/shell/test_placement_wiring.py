@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import trio
-
 from router.placement.synthetic import SyntheticModel
 from tests.support.client import post_chat
 from tests.support.harness import running_router
 from tests.support.simtools import placed_sim_model, read_records
+from tests.support.waiting import until
 
 MIB = 1 << 20
 
@@ -42,9 +41,7 @@ async def test_a_model_that_never_fits_is_refused_with_the_arithmetic(tmp_path: 
         assert reply.status_code == 200, reply.text
         spec = rt.router.state.settings.models["small"]
         assert set(spec.need) == {0, 1} and all(n > 0 for n in spec.need.values())
-        with trio.fail_after(5):
-            while not read_records(rt.records_of("small")):
-                await trio.sleep(0.05)
+        await until(lambda: read_records(rt.records_of("small")), timeout=5)
         argv = read_records(rt.records_of("small"))[-1]["argv"]
         chosen = next(m for m in plan["models"] if m["name"] == "small")
         assert argv[argv.index("-c") + 1] == str(chosen["ctx"])

@@ -72,25 +72,33 @@ async def test_waiters_wake_on_release_and_a_full_routing_queue_answers_503(tmp_
         await rt.wait_ready("small")
         await rt.wait_ready("big")
         waiter: dict[str, Any] = {}
-        async with trio.open_nursery() as outer, trio.open_nursery() as longs:
-            await _saturate_primary(rt, longs)
-            await hold_busy(longs, rt.client, "/v1/chat/completions", chat_body("small", max_tokens=4000))
+        answered = trio.Event()
+        async with trio.open_nursery() as outer:
+            async with trio.open_nursery() as longs:
+                await _saturate_primary(rt, longs)
+                await hold_busy(longs, rt.client, "/v1/chat/completions", chat_body("small", max_tokens=4000))
 
-            async def wait_for_room() -> None:
-                body = chat_body("auto", max_tokens=2)
-                waiter["reply"] = await rt.client.post("/v1/chat/completions", json=body)
-                waiter["at"] = trio.current_time()
+                async def wait_for_room() -> None:
+                    body = chat_body("auto", max_tokens=2)
+                    waiter["reply"] = await rt.client.post("/v1/chat/completions", json=body)
+                    waiter["at"] = trio.current_time()
+                    answered.set()
 
-            outer.start_soon(wait_for_room)
-            await rt.wait_state(lambda s: s.queues.get("auto") is not None and s.queues["auto"].count == 1)
-            full = await rt.client.post("/v1/chat/completions", json=chat_body("auto", max_tokens=2))
-            assert_openai_error(full, 503, "queue_full")
-            assert "routing_queue_limit" in full.json()["error"]["message"]
-            assert full.headers.get("retry-after")
-            released = trio.current_time()
-            longs.cancel_scope.cancel()  # both clients leave: their slots come back at once
+                outer.start_soon(wait_for_room)
+                await rt.wait_state(
+                    lambda s: s.queues.get("auto") is not None and s.queues["auto"].count == 1
+                )
+                full = await rt.client.post("/v1/chat/completions", json=chat_body("auto", max_tokens=2))
+                assert_openai_error(full, 503, "queue_full")
+                assert "routing_queue_limit" in full.json()["error"]["message"]
+                assert full.headers.get("retry-after")
+                released = trio.current_time()
+                longs.cancel_scope.cancel()  # both clients leave: their slots come back at once
+            # The long streams would have held their slots 20 s more: a deadline well short of that.
+            with trio.fail_after(10):
+                await answered.wait()
         assert waiter["reply"].status_code == 200
-        assert waiter["at"] - released < 1.0
+        assert released < waiter["at"]  # woken by the release
 
 
 async def test_token_counting_needs_a_concrete_model(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import trio
 
 from tests.support.harness import RouterHandle, running_router
+from tests.support.waiting import until
 
 CONVERSATION = [
     {"role": "system", "content": "You keep the records. " + " ".join(f"record{i}" for i in range(200))},
@@ -106,10 +107,12 @@ async def test_a_model_with_several_slots_gets_its_other_conversations_back_too(
         (save,) = await kv_events(h, "kv_save")
         assert save["kv"]["outcome"] == "saved" and "2 slot(s)" in save["kv"]["detail"]
         await ask(h, "a", [*CONVERSATION, {"role": "assistant", "content": "record0"}])
-        with trio.fail_after(10):
-            while len(await kv_events(h, "kv_restore")) < 2:
-                await trio.sleep(0.05)
-        first, second = await kv_events(h, "kv_restore")
+
+        async def restored() -> list[dict[str, Any]] | None:
+            events = await kv_events(h, "kv_restore")
+            return events if len(events) >= 2 else None
+
+        first, second = await until(restored, what="two kv_restore happenings")
         assert (first["kv"]["slot"], second["kv"]["slot"]) == (0, 1)
         assert second["kv"]["outcome"] == "restored" and "into slot 1" in second["reason"]
         back = await ask(h, "a", [*other, {"role": "assistant", "content": "letter199"}])

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 import trio
 
-from tests.support.client import assert_openai_error, chat_body, largest_gap, post_chat, stream
+from tests.support.client import assert_openai_error, chat_body, post_chat, stream
 from tests.support.harness import running_router
 from tests.support.routerproc import router_process
 from tests.support.simtools import read_records
+from tests.support.waiting import until
 
 MODELS: dict[str, Any] = {
     "a": {"parallel": 1, "gpus": [0], "sim": {"tokens": 300, "token_rate": 100.0}},
@@ -54,11 +55,13 @@ async def test_reload_keeps_an_unchanged_stream_and_restarts_what_changed(tmp_pa
 
             _edit(rt.dir, change)
             reply = await rt.client.post("/reload", json={})
+            reloaded = trio.current_time()
             assert reply.status_code == 200, reply.text
             assert reply.json()["restarted"] == ["b"]
         a = results["a"]
-        assert a.done and len(a.tokens) >= 300
-        assert largest_gap(a.token_times) < 0.5
+        # The stream went on through the reload, from the same replica (below), to its end.
+        assert a.done and not a.errors and len(a.tokens) >= 300
+        assert a.first_token_at < reloaded < a.last_token_at
         status = await rt.status()
         assert any(r["model"] == "a" and r["pid"] == a_pid for r in status["replicas"])
         assert not any(r["pid"] == b_pid and r["state"] != "stopping" for r in status["replicas"])
@@ -134,11 +137,11 @@ async def test_sighup_reloads_a_running_router(tmp_path: Path) -> None:
     async with router_process(tmp_path, MODELS, router=ROUTER) as proc:
         _edit(tmp_path, lambda doc: doc["models"].update(c=dict(doc["models"]["b"])))
         proc.signal(signal.SIGHUP)
-        with trio.fail_after(10):
-            while True:
-                reply = await proc.client.get("/v1/models")
-                if "c" in {m["id"] for m in reply.json()["data"]}:
-                    break
-                await trio.sleep(0.05)
+
+        async def reloaded() -> bool:
+            reply = await proc.client.get("/v1/models")
+            return "c" in {m["id"] for m in reply.json()["data"]}
+
+        await until(reloaded, what="c listed after SIGHUP")
         reply = await proc.client.post("/v1/chat/completions", json=chat_body("c", max_tokens=2))
         assert reply.status_code == 200

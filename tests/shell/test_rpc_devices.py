@@ -14,15 +14,15 @@ from tests.support.client import post_chat
 from tests.support.harness import serving
 from tests.support.simconfig import config_document
 from tests.support.simtools import read_records
+from tests.support.waiting import until
 
 
 async def _status_until(handle: Any, ready: Any, timeout: float = 10.0) -> dict[str, Any]:
-    with trio.fail_after(timeout):
-        while True:
-            doc = await handle.status()
-            if ready(doc):
-                return doc
-            await trio.sleep(0.05)
+    async def doc() -> dict[str, Any] | None:
+        got = await handle.status()
+        return dict(got) if ready(got) else None
+
+    return await until(doc, timeout=timeout, what="/status condition")
 
 
 async def test_a_model_on_rpc_devices_starts_with_rpc_and_status_shows_the_devices(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ from statemachine.queries import replicas_of
 from tests.support.client import assert_openai_error, chat_body, post_chat, start_post, start_stream, stream
 from tests.support.harness import running_router
 from tests.support.routerproc import pid_alive, router_process, wait_pid_gone
+from tests.support.simserver.main import SIGTERM_IGNORED
 from tests.support.simtools import read_records
 
 MANY = {"tokens": 1000}
@@ -48,12 +49,12 @@ async def test_a_crash_mid_stream_ends_the_stream_with_an_error_and_the_next_req
 async def test_out_of_memory_at_load_rejects_every_waiter_at_once(tmp_path: Path) -> None:
     models = {"a": {"parallel": 1, "sim": {"oom_at_load": True, "load_delay": 0.2}}}
     async with running_router(tmp_path, models, router={"load_timeout": 30.0}) as h:
-        async with trio.open_nursery() as nursery:
-            started = trio.current_time()
-            waiters = [start_post(nursery, h.client, chat_body("a", max_tokens=2)) for _ in range(3)]
-        elapsed = trio.current_time() - started
+        # The exit is seen at once: a deadline well short of load_timeout, whose failure would say "did not
+        # answer /health", not "out of memory".
+        with trio.fail_after(20):
+            async with trio.open_nursery() as nursery:
+                waiters = [start_post(nursery, h.client, chat_body("a", max_tokens=2)) for _ in range(3)]
         status = await h.status()
-    assert elapsed < 5.0  # the exit is seen at once, long before load_timeout
     for waiter in waiters:
         assert waiter.response is not None
         error = assert_openai_error(waiter.response, 503, "load_failed")
@@ -66,12 +67,9 @@ async def test_out_of_memory_at_load_rejects_every_waiter_at_once(tmp_path: Path
 async def test_a_replica_that_never_answers_health_fails_after_load_timeout(tmp_path: Path) -> None:
     models = {"a": {"sim": {"hang_health": True}}}
     async with running_router(tmp_path, models, router={"load_timeout": 1.5, "stop_timeout": 1.0}) as h:
-        started = trio.current_time()
         response = await post_chat(h.client, "a", max_tokens=2)
-        elapsed = trio.current_time() - started
         error = assert_openai_error(response, 503, "load_failed")
         assert "did not answer /health within 1.5 s" in error["message"]
-        assert 1.4 < elapsed < 6.0
         await h.wait_state(lambda s: not replicas_of(s, "a"))
         (record,) = read_records(h.records_of("a"))
         await wait_pid_gone(record["pid"])
@@ -88,11 +86,12 @@ async def test_a_replica_ignoring_sigterm_is_killed_after_stop_timeout(tmp_path:
         assert response.status_code == 200
         assert not pid_alive(record["pid"])
         info = h.router.supervisor.info(replica)
-        assert info is not None and info.returncode == -signal.SIGKILL
+        assert info is not None and info.returncode == -signal.SIGKILL  # killed ...
+        assert SIGTERM_IGNORED in h.router.supervisor.logs(replica)  # ... once SIGTERM had been ignored
+    kinds = [x.kind for x in h.router.happenings if x.model == "a" and x.kind in ("stop", "exited")]
+    assert kinds == ["stop", "exited"]
     stop = next(x for x in h.router.happenings if x.kind == "stop" and x.model == "a")
-    exit_ = next(x for x in h.router.happenings if x.kind == "exited" and x.model == "a")
     assert "evicted" in stop.reason
-    assert exit_.at - stop.at >= 0.45
 
 
 async def test_a_router_killed_with_sigkill_leaves_no_replica_behind(tmp_path: Path) -> None:
@@ -156,13 +155,10 @@ async def test_sigterm_stops_streams_that_outlast_shutdown_grace(tmp_path: Path)
     ):
         running = start_stream(nursery, rp.client, chat_body("a", max_tokens=500))
         await running.first_token.wait()
-        signalled = trio.current_time()
         rp.signal(signal.SIGTERM)
         await running.done.wait()
         assert await rp.wait_exit() == 0
-        exited = trio.current_time()
     reply = running.stream
     assert not reply.done and len(reply.errors) == 1
     assert reply.errors[0]["type"] == "server_error"
-    assert len(reply.tokens) < 200
-    assert exited - signalled < 5.0
+    assert len(reply.tokens) < 200  # cut at the grace's end, not the stream's (10 s of tokens)

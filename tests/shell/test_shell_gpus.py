@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.support.client import chat_body, largest_gap, post_chat, start_post, start_stream
+from tests.support.client import chat_body, post_chat, start_post, start_stream
 from tests.support.harness import RouterHandle, queued_for, running_router
 from tests.support.simtools import read_records
 
@@ -46,25 +46,26 @@ async def test_models_on_disjoint_gpus_stay_resident_and_a_swap_does_not_pause_t
         states = sorted((r["model"], r["state"]) for r in status["replicas"])
         assert states == [("a", "ready"), ("b", "ready")]
 
+        seen: dict[tuple[str, str], float] = {}  # (happening, model): when the owner noted it first
+        h.router.listeners.append(
+            lambda kind, data: seen.setdefault(
+                (getattr(kind, "value", kind), data["model"]), trio.current_time()
+            )
+        )
         long = start_stream(nursery, h.client, chat_body("b", max_tokens=120))
         await long.first_token.wait()
-        await trio.sleep(0.2)
-        swap_started = trio.current_time()
         swap = await post_chat(h.client, "c", max_tokens=2)
-        swap_ended = trio.current_time()
         assert swap.status_code == 200
         await long.done.wait()
         status = await h.status()
 
     reply = long.stream
     assert reply.done and not reply.errors
-    # The whole swap on GPU 0 (stop a, load c for a second) happened while b streamed on GPU 1 ...
-    assert reply.first_token_at < swap_started and swap_ended < reply.last_token_at
-    assert swap_ended - swap_started > 1.0
-    # ... and b's tokens kept coming every 20 ms: no pause anywhere near the length of the swap.
-    during = [t for t in reply.token_times if swap_started - 0.1 <= t <= swap_ended + 0.1]
-    assert len(during) > 30
-    assert largest_gap(reply.token_times) < 0.5
+    # The whole swap on GPU 0 (stop a, load c) happened while b streamed on GPU 1 ...
+    loading, ready = seen[("load", "c")], seen[("ready", "c")]
+    assert reply.first_token_at < seen[("stop", "a")] < loading < ready < reply.last_token_at
+    # ... and b's tokens kept coming while c loaded (a second, in which b makes about 50).
+    assert sum(loading < at < ready for at in reply.token_times) >= 10
     residents = {g["id"]: g["residents"] for g in status["gpus"]}
     assert residents == {0: ["c"], 1: ["b"]}
     assert [x.model for x in happenings(h, "stop")] == ["a"]
@@ -80,7 +81,6 @@ async def test_eviction_policy_picks_the_victim(tmp_path: Path, eviction: str, v
     async with running_router(tmp_path, models, router=router) as h:
         for name in ("x", "y", "x"):
             assert (await post_chat(h.client, name, max_tokens=1)).status_code == 200
-            await trio.sleep(0.05)  # distinct use times
         assert (await post_chat(h.client, "z", max_tokens=1)).status_code == 200
         status = await h.status()
     stops = happenings(h, "stop")

@@ -25,7 +25,6 @@ async def test_order_is_kept_across_a_swap(tmp_path: Path) -> None:
     async with running_router(tmp_path, models, router=router) as h, trio.open_nursery() as nursery:
         first = start_stream(nursery, h.client, chat_body("a", max_tokens=60))
         await first.first_token.wait()
-        await trio.sleep(0.1)
         second = start_stream(nursery, h.client, chat_body("b", max_tokens=10))
         await h.wait_state(lambda s: queued_for(s, "b") == 1)
         third = start_stream(nursery, h.client, chat_body("a", max_tokens=10))
@@ -74,9 +73,8 @@ async def test_a_client_that_leaves_frees_its_slot_at_once(tmp_path: Path) -> No
         reply = pending.stream
         assert reply.status == 200 and reply.done and not reply.errors
         assert reply.first_token_at > left_at
-        assert reply.last_token_at < staying.stream.last_token_at
         # The short replies ran while the long one still streamed: well before its end.
-        assert staying.stream.last_token_at - reply.last_token_at > 1.0
+        assert sum(at > reply.last_token_at for at in staying.stream.token_times) > 50
     assert staying.stream.done and not staying.stream.errors
 
 
@@ -99,14 +97,12 @@ async def test_as_many_streams_generate_at_once_as_there_are_slots(
         assert reply.status == 200 and reply.done and not reply.errors
     intervals = [(r.first_token_at, r.last_token_at) for r in replies]
     assert max_overlap(intervals) == min(clients, slots)
-    # The first wave starts together: its first tokens fall within a small part of one reply's length.
+    # The first wave starts together: each of them has its first token before any reply ends.
     starts = sorted(r.first_token_at for r in replies)
-    wave = starts[: min(clients, slots)]
-    one_reply = min(b - a for a, b in intervals)
-    assert wave[-1] - wave[0] < one_reply / 2
+    first_end = min(b for _, b in intervals)
+    assert all(start < first_end for start in starts[: min(clients, slots)])
     if clients > slots:
         # Later clients begin only after someone of the first wave finished.
-        first_end = min(b for _, b in intervals)
         assert all(start > first_end for start in starts[slots:])
 
 
@@ -163,7 +159,10 @@ async def test_clients_that_leave_while_queued_are_forgotten(tmp_path: Path) -> 
         assert inflight_of(h.router.state, "a") == 1
         await busy.done.wait()
         await h.wait_idle()
-        after = trio.current_time()
+        # The router holds no request and the replica's one slot is free: nothing stands before the next.
+        (replica,) = (await h.status())["replicas"]
+        slots = (await h.client.get(f"http://127.0.0.1:{replica['port']}/slots")).json()
+        assert [slot["is_processing"] for slot in slots] == [False]
         reply = await stream(h.client, "/v1/chat/completions", chat_body("a", max_tokens=2))
     assert busy.stream.done
-    assert reply.done and reply.first_token_at - after < 0.5
+    assert reply.done

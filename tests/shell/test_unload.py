@@ -8,6 +8,7 @@ import trio
 
 from tests.support.client import chat_body, post_chat, start_stream
 from tests.support.harness import running_router
+from tests.support.waiting import until
 
 
 async def test_unload_under_traffic_returns_once_its_replicas_have_exited(tmp_path: Path) -> None:
@@ -24,7 +25,7 @@ async def test_unload_under_traffic_returns_once_its_replicas_have_exited(tmp_pa
         async with trio.open_nursery() as nursery:
             nursery.start_soon(traffic)
             nursery.start_soon(traffic)
-            await trio.sleep(0.3)
+            await until(lambda: len(answers) >= 2, what="traffic flowing")
             with trio.fail_after(15):
                 reply = await h.client.post("/unload", json={"model": "m"})
             stop.set()
@@ -39,10 +40,12 @@ async def test_unload_without_waiting_and_forced(tmp_path: Path) -> None:
     async with running_router(tmp_path, models) as h, trio.open_nursery() as nursery:
         long = start_stream(nursery, h.client, chat_body("m", max_tokens=2000, stream=True))
         await long.first_token.wait()
-        with trio.fail_after(2):  # the stream has ~40 s to go: an answer now means nothing waited for it
+        with trio.fail_after(10):
             reply = await h.client.post("/unload", json={"model": "m", "wait": False})
         assert reply.json()["waited"] is False and len(reply.json()["replicas"]) == 1
-        assert not long.done.is_set()  # unforced: the busy replica drains
+        # Answered while the stream (about 40 s of tokens) still runs: nothing waited for it; and,
+        # unforced, the busy replica drains.
+        assert not long.done.is_set()
         with trio.fail_after(10):
             forced = await h.client.post("/unload", json={"force": True})
         assert forced.status_code == 200 and forced.json()["forced"] is True

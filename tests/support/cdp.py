@@ -17,6 +17,8 @@ from typing import Any
 
 import trio
 
+from tests.support.waiting import until
+
 CHROMIUM_FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -88,14 +90,9 @@ class Page:
             raise ProtocolError(f"{expression!r} threw: {text}")
         return result["result"].get("value")
 
-    async def wait_for(self, expression: str, timeout: float = 20.0, interval: float = 0.05) -> Any:
+    async def wait_for(self, expression: str, timeout: float = 20.0) -> Any:
         """Evaluate ``expression`` until it is truthy; its value."""
-        with trio.fail_after(timeout):
-            while True:
-                value = await self.evaluate(expression)
-                if value:
-                    return value
-                await trio.sleep(interval)
+        return await until(lambda: self.evaluate(expression), timeout=timeout, what=expression)
 
     async def viewport(self, width: int, height: int, *, mobile: bool = False) -> None:
         await self.call(

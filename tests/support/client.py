@@ -8,7 +8,6 @@ and say when its first token came and when it ended.
 
 from __future__ import annotations
 
-import itertools
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -17,19 +16,18 @@ import attrs
 import httpx
 import trio
 
+from tests.support.waiting import until
+
 START_TIMEOUT = 15.0
 
 
 async def wait_health(client: httpx.AsyncClient, timeout: float = START_TIMEOUT) -> None:
     """Wait until the server behind ``client`` answers ``/health`` with 200."""
-    with trio.fail_after(timeout):
-        while True:
-            try:
-                if (await client.get("/health")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await trio.sleep(0.02)
+
+    async def healthy() -> bool:
+        return (await client.get("/health")).status_code == 200
+
+    await until(healthy, timeout=timeout, what="/health answering 200", ignore=(httpx.TransportError,))
 
 
 @attrs.frozen
@@ -204,10 +202,6 @@ def max_overlap(intervals: list[tuple[float, float]]) -> int:
         current += 1 if kind == 0 else -1
         best = max(best, current)
     return best
-
-
-def largest_gap(times: list[float]) -> float:
-    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
 
 
 def assert_openai_error(response: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import attrs
 import httpx
+
+from tests.support.waiting import NotReached, until_blocking
 
 
 class NotReady(RuntimeError):
@@ -71,17 +72,17 @@ def launched(
 
 
 def _wait_ready(server: Launched, name: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
     with httpx.Client(timeout=5.0) as client:
-        while True:
-            if server.process.poll() is not None:
-                raise NotReady(f"{name} exited with {server.process.returncode}:\n{server.log_text()}")
-            with contextlib.suppress(httpx.TransportError):
-                if client.get(f"{server.url}/health").status_code == 200:
-                    return
-            if time.monotonic() > deadline:
-                raise NotReady(f"{name} not ready after {timeout} s:\n{server.log_text()}")
-            time.sleep(0.05)
+
+        def ready_or_gone() -> bool:
+            return server.process.poll() is not None or client.get(f"{server.url}/health").status_code == 200
+
+        try:
+            until_blocking(ready_or_gone, timeout=timeout, ignore=(httpx.TransportError,))
+        except NotReached:
+            raise NotReady(f"{name} not ready after {timeout} s:\n{server.log_text()}") from None
+    if server.process.poll() is not None:
+        raise NotReady(f"{name} exited with {server.process.returncode}:\n{server.log_text()}")
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float) -> None:

@@ -25,6 +25,7 @@ from tests.support import REPO
 from tests.support.client import wait_health
 from tests.support.processes import Launched, launched
 from tests.support.simconfig import config_document, write_config
+from tests.support.waiting import until
 
 
 @attrs.define(eq=False)
@@ -51,12 +52,12 @@ class RouterProcess:
 
     async def wait_status(self, predicate: Callable[[dict[str, Any]], bool], timeout: float = 10.0) -> Any:
         """Poll /status until ``predicate`` holds; return the document."""
-        with trio.fail_after(timeout):
-            while True:
-                doc = await self.status()
-                if predicate(doc):
-                    return doc
-                await trio.sleep(0.05)
+
+        async def holds() -> dict[str, Any] | None:
+            doc = await self.status()
+            return doc if predicate(doc) else None
+
+        return await until(holds, timeout=timeout, what="/status condition")
 
     def signal(self, sig: signal.Signals) -> None:
         self.process.send_signal(sig)
@@ -170,6 +171,4 @@ def pid_alive(pid: int) -> bool:
 
 
 async def wait_pid_gone(pid: int, timeout: float = 5.0) -> None:
-    with trio.fail_after(timeout):
-        while pid_alive(pid):
-            await trio.sleep(0.05)
+    await until(lambda: not pid_alive(pid), timeout=timeout, what=f"pid {pid} gone")

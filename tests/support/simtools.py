@@ -9,7 +9,6 @@ import socket
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ from router.placement.synthetic import SyntheticModel, write_header_only
 from router.shell.ports import free_port
 from tests.support import REPO
 from tests.support.simserver import BEHAVIOUR_KEYS, SIDECAR_SUFFIX
+from tests.support.waiting import until_blocking
 
 LAUNCHER_NAME = "sim-llama-server"
 
@@ -121,17 +121,17 @@ def sim_command(
     ]
 
 
-def wait_listening(port: int, timeout: float = 5.0, proc: subprocess.Popen[bytes] | None = None) -> float:
-    """Wait until something accepts connections on ``port``; returns the seconds waited."""
-    start = time.monotonic()
-    while True:
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-            return time.monotonic() - start
+def wait_listening(port: int, timeout: float = 5.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Wait until something accepts connections on ``port`` (fails when ``proc`` exits first)."""
+
+    def listening() -> bool:
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"simulated server exited with {proc.returncode} before listening")
-        if time.monotonic() - start > timeout:
-            raise TimeoutError(f"nothing listening on port {port} after {timeout} s")
-        time.sleep(0.01)
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+        return False
+
+    until_blocking(listening, timeout=timeout, what=f"something listening on port {port}")
 
 
 @attrs.define(eq=False)

@@ -32,6 +32,7 @@ from tests.support.client import chat_body
 from tests.support.harness import serving_config
 from tests.support.realenv import require_llama_server, tiny_model
 from tests.support.simtools import sim_launcher, write_sim_sidecar
+from tests.support.waiting import until
 
 # ------------------------------------------------------------------------------------------------- files
 
@@ -280,13 +281,12 @@ async def _serve_folder(
         )
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=timeout) as client:
-            with trio.fail_after(20):
-                while True:
-                    with contextlib.suppress(httpx.TransportError):
-                        if (await client.get("/health")).status_code == 200:
-                            break
-                    assert process.returncode is None, log_path.read_text()
-                    await trio.sleep(0.05)
+
+            async def healthy() -> bool:
+                assert process.returncode is None, log_path.read_text()
+                return (await client.get("/health")).status_code == 200
+
+            await until(healthy, timeout=20, ignore=(httpx.TransportError,))
             yield client, log_path
     finally:
         process.terminate()

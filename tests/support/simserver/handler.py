@@ -35,6 +35,8 @@ from tests.support.simserver.shapes import (
 from tests.support.simserver.slot_files import SlotFileRoutes
 from tests.support.simserver.tokens import render_chat, text_of, token_id, tokenize
 
+HEALTH_HELD = "srv  log_server_r: /health held unanswered (simulated hang)"
+
 
 class Handler(InfoRoutes, SlotFileRoutes):
     """The request handler: dispatch by path, and the endpoints that generate text."""
@@ -52,6 +54,7 @@ class Handler(InfoRoutes, SlotFileRoutes):
         self._streaming = False
         if path in ("/health", "/v1/health") and self.state.behaviour.hang_health:
             self.close_connection = True
+            log(HEALTH_HELD)  # a test sees the request held here without waiting to see no answer
             while True:
                 time.sleep(3600)
         try:

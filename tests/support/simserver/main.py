@@ -74,6 +74,8 @@ def _load(state: ServerState, problem: str | None) -> None:
     log(f"llama_kv_cache: {device:>12} KV buffer size = {kv_mib:9.2f} MiB")
     log(f"llama_context: {device:>12} compute buffer size = {32.0:9.2f} MiB")
     log(f"srv          init: initializing slots, n_slots = {len(state.pool.slots)}")
+    if behaviour.record_dir:
+        _mark_loaded(behaviour.record_dir)
     state.ready.set()
     log("main: model loaded")
     log(f"main: server is listening on http://{options.host}:{state.port} - starting the main loop")
@@ -110,9 +112,30 @@ def _write_record(record_dir: str, state: ServerState, argv: list[str]) -> None:
     os.replace(tmp, os.path.join(record_dir, f"{pid}.json"))
 
 
+def _mark_loaded(record_dir: str) -> None:
+    """Add ``"loaded": true`` to this process's start record, before /health answers 200: a test can
+    tell what was reported before the load ended."""
+    path = os.path.join(record_dir, f"{os.getpid()}.json")
+    with open(path) as f:
+        record = json.load(f)
+    tmp = os.path.join(record_dir, f".{os.getpid()}.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump({**record, "loaded": True}, f)
+    os.replace(tmp, path)
+
+
+SIGTERM_IGNORED = "srv    operator(): SIGTERM received and ignored (simulated)"
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     log("srv    operator(): operator(): cleaning up before exit...")
     os._exit(0)
+
+
+def _ignore_sigterm(signum: int, frame: Any) -> None:
+    # Said, so that a test can tell the signal came and was ignored without waiting to see nothing happen;
+    # one write, not log(): the main thread may hold log()'s lock when the signal comes.
+    os.write(2, SIGTERM_IGNORED.encode() + b"\n")
 
 
 def main(argv: list[str]) -> int:
@@ -135,7 +158,7 @@ def main(argv: list[str]) -> int:
         log(f"error: bad simulated model file '{options.model}': {exc}")
         return 1
     if behaviour is not None and behaviour.ignore_sigterm:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, _ignore_sigterm)
     else:
         signal.signal(signal.SIGTERM, _on_sigterm)
     log(f"build: 0 ({BUILD_INFO}) with python {sys.version.split()[0]} for simulation")
