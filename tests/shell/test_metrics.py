@@ -26,6 +26,7 @@ from tests.support.browser import gguf_router
 from tests.support.client import chat_body, start_stream, stream
 from tests.support.harness import running_router
 from tests.support.simtools import sim_launcher, write_sim_model
+from tests.support.waiting import until
 
 GIB = 1024**3
 
@@ -98,7 +99,15 @@ async def test_counters_follow_requests_tokens_and_loads(tmp_path: Path) -> None
         missing = await h.client.post("/v1/chat/completions", json=chat_body("nope"))
         assert missing.status_code == 404
 
-        after = await scrape(h.client)
+        # The replica counts a reply's tokens in its own /metrics after the last chunk: scrape once it has.
+        generated = sum(u["completion_tokens"] for u in usages)
+
+        async def settled() -> Samples | None:
+            doc = await scrape(h.client)
+            counted = sum(v for _, v in matching(doc, "llamacpp:tokens_predicted_total", model="alpha"))
+            return doc if counted == generated else None
+
+        after = await until(settled, what="the replica's own token count")
         state = h.router.state
 
     chat = "/v1/chat/completions"

@@ -406,6 +406,8 @@ async def test_the_command_line_serves_a_folder_with_the_real_llama_server(tmp_p
                 chunks = [line async for line in response.aiter_lines() if line.startswith("data: ")]
             assert chunks[-1] == "data: [DONE]" and len(chunks) >= 3
             [replica] = (await client.get("/status")).json()["replicas"]
-            text = Path(replica["log_path"]).read_text()
-            assert "load_model: loading model" in text and "print_timing" in text
+            log = Path(replica["log_path"])
+            # llama-server prints the request's timings just after its last chunk.
+            await until(lambda: "print_timing" in log.read_text(), what="the request's timings in the log")
+            assert "load_model: loading model" in log.read_text()
     assert "load_model: loading model" not in log_path.read_text()
