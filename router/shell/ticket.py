@@ -48,7 +48,8 @@ class TicketPhase(enum.Enum):
 
 # Each report a ticket takes and the phases it takes it in; anything else is a fault of the shell.
 MOVES: Mapping[str, frozenset[TicketPhase]] = {
-    "sent": frozenset({TicketPhase.WAITING}),
+    # The scheduler may dispatch a request whose handler ended it a moment ago (the end is on its way).
+    "sent": frozenset({TicketPhase.WAITING, TicketPhase.FINISHED}),
     "rejected": frozenset({TicketPhase.WAITING, TicketPhase.SENT, TicketPhase.FINISHED}),
     "refused": frozenset({TicketPhase.SENT, TicketPhase.REJECTED}),
     "peer_failed": frozenset({TicketPhase.SENT}),
@@ -131,6 +132,8 @@ class Ticket:
     def sent(self, dispatch: Dispatch | Forward, port: int | None) -> None:
         """The scheduler sent it to a replica (``port``) or a peer."""
         self._move("sent")
+        if self.phase is TicketPhase.FINISHED:
+            return  # nobody waits: the handler's end, already on the owner's channel, frees the slot
         self.dispatch, self.port = dispatch, port
         self.dispatched_at = time.monotonic()
         self.phase = TicketPhase.SENT

@@ -35,6 +35,26 @@ async def test_a_client_that_leaves_while_its_replica_loads_is_forgotten(
         assert later.dispatch is not None and later.dispatch.replica == 1
 
 
+async def test_a_replica_ready_as_its_client_leaves_sends_it_nothing_and_frees_the_slot(
+    tmp_path: Path, launcher: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The replica's readiness reaches the owner task before the client's end: the scheduler dispatches a
+    request whose handler has ended it. The ticket takes the dispatch without waking anyone, and the end, on
+    its way, frees the slot for the next request."""
+    async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
+        router, sup = owned.router, owned.supervisor
+        ticket = ask(router, "a")
+        await settle()
+        sup.ready(1)  # ReplicaReady is on the owner's channel ...
+        ticket.end(completed=False)  # ... before ClientGone
+        await settle()
+        assert ticket.phase is TicketPhase.FINISHED and not ticket.decided.is_set()
+        assert not router.state.requests and not router.tickets
+        later = ask(router, "a")
+        await later.decided.wait()
+        assert later.dispatch is not None and later.dispatch.replica == 1
+
+
 async def test_a_client_that_leaves_while_the_load_fails_gets_no_reply(
     tmp_path: Path, launcher: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
