@@ -10,7 +10,13 @@ after every step:
 - INV-HOP: never for a request that came from another router (``local_only``);
 - INV-PEER-FALLBACK: never to a model whose peer failed that very request before; a pooled request that a
   peer failed waits again or is answered in that step, and a direct one is answered in that step;
-- every request ends exactly once (answered, finished, or its client gone).
+- every request ends exactly once (answered, finished, or its client gone);
+- the answers peers cause carry their code and status (INV-HOP, INV-PEER-FALLBACK, INV-PEER-DOWN):
+  ``508 loop_detected`` only to a request from another router; ``peer_failed`` or ``peer_unreachable`` (5xx)
+  only to one a peer failed, and to such a one whenever it is answered for lack of a candidate (this
+  machine's local models can always load, so a lack of candidates is always the peers' doing);
+  ``peer_unreachable`` only in the step of a ``PeerFailed`` that took its peer down; ``503
+  model_unavailable`` only while a peer is down.
 """
 
 from __future__ import annotations
@@ -64,13 +70,14 @@ def peer_settings(draw: st.DrawFn) -> Settings:
         PoolSpec("mixed", ("a", "p", "q"), fallback=True),
         PoolSpec("remote", ("q", "r", "b"), fallback=True),
         PoolSpec("first", ("p", "a"), fallback=draw(st.booleans())),
+        PoolSpec("peers", ("p", "q"), fallback=True),
     ]
     policy = Policy(queue_limit=draw(st.integers(0, 6)), routing_queue_limit=draw(st.integers(0, 4)))
     peers = [PeerSpec("one", limits[0]), PeerSpec("two", limits[1])]
     return Settings(models=models, pools=pools, peers=peers, policy=policy, devices=[])
 
 
-TARGETS = ("a", "b", "p", "q", "r", "mixed", "remote", "first")
+TARGETS = ("a", "b", "p", "q", "r", "mixed", "remote", "first", "peers")
 
 
 class PeerMachine(RuleBasedStateMachine):
@@ -89,6 +96,7 @@ class PeerMachine(RuleBasedStateMachine):
         self.replicas: set[int] = set()
         self.stopping: set[int] = set()
         self.pending_answer: int | None = None
+        self.event: Event | None = None
 
     @property
     def s(self) -> State:
@@ -104,6 +112,7 @@ class PeerMachine(RuleBasedStateMachine):
 
         checks: INV-PEER-LIMIT INV-PEER-DOWN INV-HOP INV-PEER-FALLBACK
         """
+        self.event = event
         self.state, commands = step(self.s, event)
         check(self.s)
         for command in commands:
@@ -132,8 +141,9 @@ class PeerMachine(RuleBasedStateMachine):
             case Dispatch(rid=rid, replica=replica):
                 assert rid in self.alive and rid not in self.forwarded and rid not in self.dispatched
                 self.dispatched[rid] = replica
-            case Reject(rid=rid):
+            case Reject(rid=rid, status=status, code=code):
                 assert rid in self.alive, f"request {rid} answered twice or never arrived"
+                self._answer(rid, status, code)
                 self._end(rid)
             case Spawn(replica=replica):
                 self.loading.add(replica)
@@ -141,6 +151,28 @@ class PeerMachine(RuleBasedStateMachine):
                 self.stopping.add(replica)
             case Stopped() | Tick():
                 pass
+
+    def _answer(self, rid: int, status: int, code: str) -> None:
+        """checks: INV-HOP INV-PEER-FALLBACK INV-PEER-DOWN"""
+        failed = bool(self.failed.get(rid))
+        if code == "loop_detected":
+            assert status == 508, f"INV-HOP: loop_detected with {status}"
+            assert rid in self.local_only, f"INV-HOP: request {rid} from a client answered loop_detected"
+        elif code in ("peer_failed", "peer_unreachable"):
+            assert failed, f"INV-PEER-FALLBACK: request {rid} answered {code}, yet no peer failed it"
+            assert status >= 500, f"INV-PEER-FALLBACK: {code} with {status}"
+            if code == "peer_unreachable":
+                event = self.event
+                assert isinstance(event, PeerFailed) and event.rid == rid and event.down, (
+                    f"INV-PEER-FALLBACK: request {rid} answered peer_unreachable outside its PeerFailed"
+                )
+        elif code == "model_unavailable":
+            assert status == 503, f"INV-PEER-DOWN: model_unavailable with {status}"
+            assert self.down, f"INV-PEER-DOWN: request {rid} answered model_unavailable with no peer down"
+        if failed and code != "shutting_down":
+            assert code in ("peer_failed", "peer_unreachable"), (
+                f"INV-PEER-FALLBACK: request {rid}, which a peer failed, answered {status} {code}"
+            )
 
     def _end(self, rid: int) -> None:
         self.alive.pop(rid, None)

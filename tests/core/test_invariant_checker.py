@@ -14,6 +14,7 @@ from statemachine import (
     DeviceSpec,
     InvariantViolation,
     ModelSpec,
+    PeerSpec,
     Policy,
     ReplicaExited,
     ReplicaReady,
@@ -85,6 +86,19 @@ def test_replica_ids_slots_phase_and_gpus() -> None:
     fails(with_replica(state, gpus=(1,)), "INV-GPUS", "runs on (1,)")
 
 
+def test_a_failing_model_keeps_a_replica_that_neither_stops_nor_drains() -> None:
+    # checks: INV-FAILING
+    state = attrs.evolve(base(), failing=pset({"a"}))
+    check(state)  # replica 1 of a is ready and takes work: a may stay failing
+    gone = "a is marked failing but has no live replica"
+    fails(with_replica(state, draining=True), "INV-FAILING", gone)  # draining (unload, reload, broken)
+    fails(with_replica(state, phase="stopping", forced=True), "INV-FAILING", gone)  # killed
+    fails(with_replica(state, phase="stopping", forced=True, draining=True), "INV-FAILING", gone)
+    (a,) = state.replicas
+    b = attrs.evolve(a, id=2, model="b", inflight=pset())
+    fails(attrs.evolve(state, replicas=(attrs.evolve(a, draining=True), b)), "INV-FAILING", gone)  # b's
+
+
 def test_replica_memory_is_bounded_and_holds_no_redundant_chain() -> None:
     # checks: INV-AFFINITY-MEMORY
     state = base()  # model a has 2 slots: 8 chains at the default 4 per slot
@@ -95,6 +109,13 @@ def test_replica_memory_is_bounded_and_holds_no_redundant_chain() -> None:
     fails(with_replica(state, memory=((1,), ())), "INV-AFFINITY-MEMORY", "an empty chain")
     fails(with_replica(state, memory=((1, 2), (1,))), "INV-AFFINITY-MEMORY", "beside its extension (1, 2)")
     check(with_replica(state, memory=((1,), (1, 2))))  # an older, longer chain may stay
+    forgetful = attrs.evolve(SETTINGS, policy=Policy(max_models_per_gpu=2, affinity_memory=0))
+    check(attrs.evolve(state, settings=forgetful))
+    fails(
+        attrs.evolve(with_replica(state, memory=((1,),)), settings=forgetful),
+        "INV-AFFINITY-MEMORY",
+        "1 chains (bound 0)",
+    )
 
 
 def test_every_request_has_one_home() -> None:
@@ -150,6 +171,38 @@ def test_retired_replicas_take_no_work() -> None:
     check(drained)
     stopping, _ = step(base(), ShutdownRequested(0.0))
     check(stopping)
+
+
+def test_requests_forwarded_to_peers_are_counted_there_and_within_limits() -> None:
+    # checks: INV-PEER-HOME, INV-PEER-LIMIT, INV-HOP, INV-PEER-DOWN
+    settings = Settings(
+        models=[ModelSpec("far", gpus=(), peer="box")], peers=[PeerSpec("box", max_in_flight=2)]
+    )
+    state = initial_state(settings)
+    for event in (RequestArrived(1, "far"), RequestArrived(2, "far")):
+        state, _ = step(state, event)
+    check(state)  # both forwarded to box, at its limit of two
+    assert state.peer_inflight == {"box": {1, 2}}
+    one = state.requests[1]
+    uncounted = attrs.evolve(state, peer_inflight=pmap({"box": pset({2})}))
+    fails(uncounted, "INV-PEER-HOME", "request 1 is forwarded to box, not counted")
+    with_replica = attrs.evolve(state, requests=state.requests.set(1, attrs.evolve(one, replica=7)))
+    fails(with_replica, "INV-PEER-HOME", "request 1 is forwarded to box, not counted")
+    empty = attrs.evolve(state, peer_inflight=state.peer_inflight.set("cloud", pset()))
+    fails(empty, "INV-PEER-HOME", "peer cloud is listed with no request in flight")
+    stray = attrs.evolve(state, peer_inflight=pmap({"box": pset({1, 2, 9})}))
+    fails(stray, "INV-PEER-HOME", "peer box counts request 9, which is not forwarded to it")
+    hop = attrs.evolve(state, requests=state.requests.set(1, attrs.evolve(one, local_only=True)))
+    fails(hop, "INV-HOP", "request 1 came from another router and was forwarded to box")
+    tighter = attrs.evolve(settings, peers=[PeerSpec("box", max_in_flight=1)])
+    fails(
+        attrs.evolve(state, settings=tighter),
+        "INV-PEER-LIMIT",
+        "peer box has 2 requests in flight (max_in_flight 1)",
+    )
+    check(attrs.evolve(state, peers_down=pmap({"box": "connection refused"})))
+    nowhere = attrs.evolve(state, peers_down=pmap({"nowhere": "connection refused"}))
+    fails(nowhere, "INV-PEER-DOWN", "peer nowhere is marked down but not configured")
 
 
 def test_the_step_cache_must_match_the_replicas() -> None:

@@ -4,11 +4,13 @@ scheduler itself produced."""
 from __future__ import annotations
 
 import attrs
+from pyrsistent import pmap
 
 from statemachine import (
     DeviceSpec,
     ModelSpec,
     ModelState,
+    PeerSpec,
     Policy,
     PoolSpec,
     ReplicaReady,
@@ -117,3 +119,36 @@ def test_only_a_waiting_request_waits_for_loads() -> None:
     assert loading_for(state, 1) == []  # running on replica 1 while replica 2 still loads
     assert [r.id for r in loading_for(state, 2)] == [2]
     assert loading_for(state, 99) == [] and queue_position(state, 99) is None
+
+
+def test_a_peers_limit_is_its_max_in_flight_and_0_once_it_is_not_configured() -> None:
+    """/status and /metrics show it; a model whose peer a reload removed forwards nothing (0)."""
+    settings = Settings(
+        models=[ModelSpec("far", gpus=(), peer="box")], peers=[PeerSpec("box", max_in_flight=3)]
+    )
+    assert settings.peer_limit("box") == 3
+    assert settings.peer_limit("gone") == 0
+
+
+def test_settings_take_their_tables_as_lists_or_as_mappings() -> None:
+    """A replay pastes them as pmaps, and ``attrs.evolve`` hands the converted tables back in."""
+    listed = Settings(
+        models=[ModelSpec("a"), ModelSpec("far", gpus=(), peer="box")],
+        pools=[PoolSpec("both", ("a", "far"), fallback=True)],
+        devices=[DeviceSpec(0, 100)],
+        peers=[PeerSpec("box", max_in_flight=3)],
+    )
+    mapped = Settings(
+        models=pmap({"a": ModelSpec("a"), "far": ModelSpec("far", gpus=(), peer="box")}),
+        pools=pmap({"both": PoolSpec("both", ("a", "far"), fallback=True)}),
+        devices=pmap({0: DeviceSpec(0, 100)}),
+        peers=pmap({"box": PeerSpec("box", max_in_flight=3)}),
+    )
+    assert mapped == listed
+    evolved = attrs.evolve(listed, policy=Policy(max_models_per_gpu=2))
+    assert (evolved.models, evolved.pools, evolved.devices, evolved.peers) == (
+        listed.models,
+        listed.pools,
+        listed.devices,
+        listed.peers,
+    )

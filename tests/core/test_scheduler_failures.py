@@ -22,8 +22,10 @@ from statemachine import (
     RequestArrived,
     RequestFinished,
     Settings,
+    SettingsChanged,
     Spawn,
     Startup,
+    UnloadRequested,
 )
 from tests.support.scenario import play, spawn
 
@@ -274,6 +276,62 @@ def test_loads_that_keep_failing_do_not_chase_each_other() -> None:
         ],
     )
     assert not state.failing
+
+
+def test_the_failing_mark_ends_when_no_replica_is_live_so_a_fresh_start_may_grow() -> None:
+    """a (two replicas) is failing: replica 3 failed to load while 2 serves. 2 crashes: none is live, so the
+    mark ends and request 2's load starts afresh; pinned p leaves room for one replica only. Once p is
+    unloaded and gone, a second replica starts although the first has not loaded yet: a fresh start is not
+    a failing one."""
+    # checks: INV-FAILING
+    models = [ModelSpec("p", pinned=True, need={0: 40}), ModelSpec("a", replicas=2, need={0: 40})]
+    policy = Policy(max_models_per_gpu=2)
+    smaller = Settings(models=models, devices=[DeviceSpec(0, 100)], policy=policy)
+    state = play(
+        Settings(models=models, devices=[DeviceSpec(0, 120)], policy=policy),
+        [
+            (Startup(), [Spawn(1, "p", (0,), "load on startup")]),
+            (ReplicaReady(1), []),
+            (RequestArrived(1, "a"), [spawn(2, "a", 1), spawn(3, "a", 1)]),
+            (ReplicaReady(2), [Dispatch(1, 2, "a")]),
+            (
+                LoadFailed(3, "out of memory"),
+                [Kill(3, "a", "load failed: out of memory", KillCause.LOAD_FAILED)],
+            ),
+            (ReplicaExited(3, "stopped"), []),
+            (SettingsChanged(smaller), []),  # room beside p for one replica of a only
+            (RequestArrived(2, "a"), []),  # a is failing: no replica starts while 2 is live
+            (
+                ReplicaExited(2, "crashed"),
+                [
+                    Reject(
+                        1, 502, "replica_exited", "the replica of 'a' serving this request exited: crashed"
+                    ),
+                    spawn(4, "a", 2),
+                ],
+            ),
+            (UnloadRequested("p"), [Kill(1, "p", "unload requested", KillCause.UNLOADED)]),
+            (ReplicaExited(1, "stopped"), [spawn(5, "a", 2)]),
+        ],
+    )
+    assert not state.failing
+
+
+def test_startup_tops_up_a_model_a_failed_load_left_short_unless_it_is_failing() -> None:
+    """Startup spawns the missing replicas of a load-on-startup model, also when some are live already; not
+    while the model is failing (its last load failed and none of its replicas has been ready since)."""
+    # checks: INV-FAILING
+    play(
+        Settings(models=[ModelSpec("a", replicas=2, load_on_startup=True)]),
+        [
+            (Startup(), [Spawn(1, "a", (0,), "load on startup"), Spawn(2, "a", (0,), "load on startup")]),
+            (LoadFailed(2, "bad flag"), [Kill(2, "a", "load failed: bad flag", KillCause.LOAD_FAILED)]),
+            (ReplicaExited(2, "stopped"), []),
+            (Startup(), []),  # failing: replica 1 still loads
+            (ReplicaReady(1), []),
+            (Startup(), [Spawn(3, "a", (0,), "load on startup")]),
+        ],
+    )
 
 
 def test_a_crash_while_loading_counts_as_a_failed_load() -> None:
