@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import subprocess
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,6 +27,20 @@ log = logging.getLogger("router")
 KEEP_CACHE_FILES = 32
 
 Key = tuple[str, int, int]  # (absolute path, st_mtime_ns, st_size)
+
+
+def run_binary(binary: Path, flag: str, timeout: float) -> tuple[int, str] | str:
+    """Run ``binary flag`` once: its exit status and what it printed (stdout, then stderr), or why it gave
+    nothing (it cannot run, or did not finish within ``timeout`` seconds)."""
+    try:
+        done = subprocess.run(
+            [str(binary), flag], stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return f"did not finish within {timeout:.0f} s"
+    except OSError as exc:
+        return f"cannot run: {exc.strerror or exc}"
+    return done.returncode, (done.stdout + b"\n" + done.stderr).decode("utf-8", "replace")
 
 
 def binary_key(binary: Path) -> Key:

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import attrs
 
-from router.hosts.binary_cache import Key, binary_key, read_cached, write_cached
+from router.hosts.binary_cache import Key, binary_key, read_cached, run_binary, write_cached
 from router.hosts.locate import MINIMUM_LLAMA_CPP_BUILD, LlamaServerNotFound
 from router.hosts.server_flags import accepted_flags
 
@@ -93,27 +92,14 @@ def parse_version(text: str) -> ServerBuild:
 
 def _run_version(binary: Path) -> tuple[ServerBuild, bool]:
     """The build ``binary --version`` prints, and whether the binary answered at all (worth caching)."""
-    try:
-        done = subprocess.run(
-            [str(binary), "--version"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=VERSION_TIMEOUT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        log.warning(
-            "the build of %s is unknown: `--version` did not finish within %.0f s", binary, VERSION_TIMEOUT
-        )
+    ran = run_binary(binary, "--version", VERSION_TIMEOUT)
+    if isinstance(ran, str):
+        log.warning("the build of %s is unknown: `--version` %s", binary, ran)
         return UNKNOWN_BUILD, False
-    except OSError as exc:
-        log.warning("the build of %s is unknown: `--version` cannot run: %s", binary, exc.strerror or exc)
-        return UNKNOWN_BUILD, False
-    build = parse_version((done.stdout + b"\n" + done.stderr).decode("utf-8", "replace"))
+    returncode, text = ran
+    build = parse_version(text)
     if build.number is None:
-        log.warning(
-            "the build of %s is unknown: `--version` (exit status %d) names none", binary, done.returncode
-        )
+        log.warning("the build of %s is unknown: `--version` (exit status %d) names none", binary, returncode)
     return build, True
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import difflib
 import logging
 import re
-import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from router.config.keyspec import render_value
 from router.config.llama_args import ROUTER_OWNED, flag_identity, render_flag
 from router.config.model_keys import DEFAULTABLE_MODEL_KEYS, MODEL_KEYS
 from router.config.values import Config, ConfigError, FlagValue
-from router.hosts.binary_cache import Key, binary_key, read_cached, write_cached
+from router.hosts.binary_cache import Key, binary_key, read_cached, run_binary, write_cached
 
 log = logging.getLogger("router")
 
@@ -65,22 +64,13 @@ def parse_help(text: str) -> frozenset[str]:
 
 def _run_help(binary: Path) -> tuple[frozenset[str] | None, str]:
     """The flags ``binary --help`` lists, or None and why not."""
-    try:
-        done = subprocess.run(
-            [str(binary), "--help"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=HELP_TIMEOUT,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return None, f"`{binary} --help` did not finish within {HELP_TIMEOUT:.0f} s"
-    except OSError as exc:
-        return None, f"`{binary} --help` cannot run: {exc.strerror or exc}"
-    text = (done.stdout + b"\n" + done.stderr).decode("utf-8", "replace")
+    ran = run_binary(binary, "--help", HELP_TIMEOUT)
+    if isinstance(ran, str):
+        return None, f"`{binary} --help` {ran}"
+    returncode, text = ran
     flags = parse_help(text)
     if REQUIRED_FLAG not in flags:
-        return None, f"`{binary} --help` (exit status {done.returncode}) printed no llama-server flag list"
+        return None, f"`{binary} --help` (exit status {returncode}) printed no llama-server flag list"
     return flags, ""
 
 
