@@ -43,7 +43,7 @@ class AfterStepChecks(EvictionChecks):
             refused = w.requests[self.refused]
             if refused.status != "rejected":
                 self.fail("INV-REDISPATCH", f"request {self.refused} cannot wait again but was not answered")
-            elif refused.outcome != self.refused_answer(refused)[1]:
+            elif refused.outcome != self.refused_answer(refused):
                 want = self.refused_answer(refused)
                 self.fail("INV-REDISPATCH", f"request {refused.rid} answered {refused.outcome}, not {want}")
         elif self.refused is not None and w.requests[self.refused].status in TERMINAL:

@@ -14,6 +14,7 @@ from statemachine import (
     DispatchFailed,
     Event,
     LoadFailed,
+    RejectCode,
     ReplicaExited,
     ReplicaReady,
     ReplicaUnresponsive,
@@ -55,13 +56,13 @@ class StepBase:
         self.left: list[RequestView] = []  # left the queue during the pass: dispatched, or rejected by it
         self.position = 0
 
-    def refused_answer(self, request: RequestView) -> tuple[int, str]:
+    def refused_answer(self, request: RequestView) -> RejectCode:
         """How a request put back by DispatchFailed must be answered when it cannot wait (INV-REDISPATCH)."""
         if self.w.shutting_down:
-            return 503, "shutting_down"
+            return RejectCode.SHUTTING_DOWN
         if request.target not in self.s.models and request.target not in self.s.pools:
-            return 404, "model_not_found"
-        return 503, "model_unavailable"
+            return RejectCode.MODEL_NOT_FOUND
+        return RejectCode.MODEL_UNAVAILABLE
 
     def fail(self, inv: str, message: str) -> None:
         self.found[inv].append(message)

@@ -97,7 +97,7 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     "a reload keeps waiters of removed models": (
         "scheduler",
-        '            w.reject(request, 404, "model_not_found", message)\n',
+        "            w.reject(request, RejectCode.MODEL_NOT_FOUND, message)\n",
         "            pass\n",
         ("INV-RELOAD", "INV-UNSERVABLE"),
     ),
@@ -161,10 +161,10 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "w.deadline",
         ("INV-WAKE-EARLIEST", "INV-SHUTDOWN"),
     ),
-    "load failures answered 502": (
+    "load failures answered as model_unavailable": (
         "scheduler",
-        '503, "load_failed")',
-        '502, "load_failed")',
+        "RejectCode.LOAD_FAILED)",
+        "RejectCode.MODEL_UNAVAILABLE)",
         ("INV-ANSWER",),
     ),
     "drained replicas killed as if unloaded by request": (
@@ -179,10 +179,10 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "'{request.target}'\", None)",
         ("INV-CAUSE",),
     ),
-    "a refused dispatch of a removed target answered 503": (
+    "a refused dispatch of a removed target answered model_unavailable": (
         "recovery",
-        'w.reject(request, 404, "model_not_found", message)',
-        'w.reject(request, 503, "model_not_found", message)',
+        "w.reject(request, RejectCode.MODEL_NOT_FOUND, message)",
+        "w.reject(request, RejectCode.MODEL_UNAVAILABLE, message)",
         ("INV-ANSWER", "INV-REDISPATCH"),
     ),
 }

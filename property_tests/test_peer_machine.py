@@ -11,12 +11,12 @@ after every step:
 - INV-PEER-FALLBACK: never to a model whose peer failed that very request before; a pooled request that a
   peer failed waits again or is answered in that step, and a direct one is answered in that step;
 - every request ends exactly once (answered, finished, or its client gone);
-- the answers peers cause carry their code and status (INV-HOP, INV-PEER-FALLBACK, INV-PEER-DOWN):
-  ``508 loop_detected`` only to a request from another router; ``peer_failed`` or ``peer_unreachable`` (5xx)
-  only to one a peer failed, and to such a one whenever it is answered for lack of a candidate (this
-  machine's local models can always load, so a lack of candidates is always the peers' doing);
-  ``peer_unreachable`` only in the step of a ``PeerFailed`` that took its peer down; ``503
-  model_unavailable`` only while a peer is down.
+- the answers peers cause carry their code (INV-HOP, INV-PEER-FALLBACK, INV-PEER-DOWN), and a peer's status
+  only in the step of its ``PeerFailed``: ``loop_detected`` only to a request from another router;
+  ``peer_failed`` or ``peer_unreachable`` only to one a peer failed, and to such a one whenever it is
+  answered for lack of a candidate (this machine's local models can always load, so a lack of candidates is
+  always the peers' doing); ``peer_unreachable`` only in the step of a ``PeerFailed`` that took its peer
+  down; ``model_unavailable`` only while a peer is down.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from statemachine import (
     Policy,
     PoolSpec,
     Reject,
+    RejectCode,
     ReplicaExited,
     ReplicaReady,
     RequestArrived,
@@ -141,9 +142,9 @@ class PeerMachine(RuleBasedStateMachine):
             case Dispatch(rid=rid, replica=replica):
                 assert rid in self.alive and rid not in self.forwarded and rid not in self.dispatched
                 self.dispatched[rid] = replica
-            case Reject(rid=rid, status=status, code=code):
+            case Reject(rid=rid, code=code, peer_status=status):
                 assert rid in self.alive, f"request {rid} answered twice or never arrived"
-                self._answer(rid, status, code)
+                self._answer(rid, code, status)
                 self._end(rid)
             case Spawn(replica=replica):
                 self.loading.add(replica)
@@ -152,26 +153,27 @@ class PeerMachine(RuleBasedStateMachine):
             case Stopped() | Tick():
                 pass
 
-    def _answer(self, rid: int, status: int, code: str) -> None:
+    def _answer(self, rid: int, code: RejectCode, status: int | None) -> None:
         """checks: INV-HOP INV-PEER-FALLBACK INV-PEER-DOWN"""
         failed = bool(self.failed.get(rid))
+        event = self.event
+        relayed = code in ("peer_failed", "peer_unreachable") and isinstance(event, PeerFailed)
+        expected = event.status if relayed and isinstance(event, PeerFailed) and event.rid == rid else None
+        assert status == expected, f"INV-PEER-FALLBACK: {code} for {rid} carries {status}, not {expected}"
         if code == "loop_detected":
-            assert status == 508, f"INV-HOP: loop_detected with {status}"
             assert rid in self.local_only, f"INV-HOP: request {rid} from a client answered loop_detected"
         elif code in ("peer_failed", "peer_unreachable"):
             assert failed, f"INV-PEER-FALLBACK: request {rid} answered {code}, yet no peer failed it"
-            assert status >= 500, f"INV-PEER-FALLBACK: {code} with {status}"
             if code == "peer_unreachable":
                 event = self.event
                 assert isinstance(event, PeerFailed) and event.rid == rid and event.down, (
                     f"INV-PEER-FALLBACK: request {rid} answered peer_unreachable outside its PeerFailed"
                 )
         elif code == "model_unavailable":
-            assert status == 503, f"INV-PEER-DOWN: model_unavailable with {status}"
             assert self.down, f"INV-PEER-DOWN: request {rid} answered model_unavailable with no peer down"
         if failed and code != "shutting_down":
             assert code in ("peer_failed", "peer_unreachable"), (
-                f"INV-PEER-FALLBACK: request {rid}, which a peer failed, answered {status} {code}"
+                f"INV-PEER-FALLBACK: request {rid}, which a peer failed, answered {code}"
             )
 
     def _end(self, rid: int) -> None:

@@ -79,14 +79,31 @@ class Forward:
     model: str
 
 
+class RejectCode(enum.StrEnum):
+    """Why the scheduler ends a request with an error. The HTTP status and error type each one is answered
+    with are the shell's to choose (one table in ``router.http.errors``); the scheduler names the fact."""
+
+    QUEUE_FULL = "queue_full"  # the waiting queue is at its bound
+    MODEL_NOT_FOUND = "model_not_found"  # no model or pool of that name (on arrival, or removed by a reload)
+    MODEL_UNAVAILABLE = "model_unavailable"  # nothing can serve the request now or get a replica for it
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # more tokens than any candidate's slot holds
+    LOAD_FAILED = "load_failed"  # the load it waited for failed (the message names the model and why)
+    REPLICA_EXITED = "replica_exited"  # the replica serving it exited before it finished
+    SHUTTING_DOWN = "shutting_down"  # the router is stopping
+    PEER_FAILED = "peer_failed"  # the peer router it was forwarded to failed it
+    PEER_UNREACHABLE = "peer_unreachable"  # the peer router it was forwarded to did not answer
+    LOOP_DETECTED = "loop_detected"  # forwarded here by a router, and only a peer could serve it
+
+
 @attrs.frozen
 class Reject:
-    """End request ``rid`` with an error; for an in-flight request the shell aborts its exchange."""
+    """End request ``rid`` with an error; for an in-flight request the shell aborts its exchange.
+    ``peer_status``: the status a peer answered with, for a request a peer failed (None otherwise)."""
 
     rid: int
-    status: int
-    code: str
+    code: RejectCode
     message: str
+    peer_status: int | None = None
 
 
 @attrs.frozen

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 
-from .commands import Eviction, KillCause, Stopped, WakeAt
+from .commands import Eviction, KillCause, RejectCode, Stopped, WakeAt
 from .queries import serving_models
 from .settings import ModelSpec
 from .state import LOADING, STOPPING, Request
@@ -73,7 +73,7 @@ def schedule(w: Work) -> None:
     for rid in w.overflow:
         request = w.request(rid)
         if request is not None and request.phase == "queued":
-            w.reject(request, 503, "queue_full", _overflow_message(w, request))
+            w.reject(request, RejectCode.QUEUE_FULL, _overflow_message(w, request))
     w.overflow.clear()
     _reap_drained(w)
     _expire_idle(w, wake)
@@ -121,7 +121,7 @@ def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wa
         # A peer model at its in-flight limit frees up by itself: the request waits for it.
         if not any(w.live_replicas(name) or w.model(name).remote for name in names):
             if names:
-                w.reject(request, 503, "model_unavailable", _unloadable_reason(w, w.model(names[0])))
+                w.reject(request, RejectCode.MODEL_UNAVAILABLE, _unloadable_reason(w, w.model(names[0])))
             else:
                 w.reject(request, *no_peer_answer(w, request))
         return
@@ -249,23 +249,22 @@ def unavailable_reason(w: Work, target: str) -> str:
     return "no model can serve this request"
 
 
-def no_peer_answer(w: Work, request: Request) -> tuple[int, str, str]:
+def no_peer_answer(w: Work, request: Request) -> tuple[RejectCode, str]:
     """The answer to a request no candidate is left for because of peers: one that came from another router
-    and may not be forwarded again (508), or one whose peers all failed it (502) or are down (503)."""
+    and may not be forwarded again (loop detected), or one whose peers all failed it or are down."""
     names = serving_models(w.settings, request.target)
     remote = [n for n in names if n in w.models and w.models[n].peer is not None]
     if request.local_only and remote:
         return (
-            508,
-            "loop_detected",
+            RejectCode.LOOP_DETECTED,
             f"'{request.target}' is served by another router here, and this request was forwarded by a "
             "router already; it is not forwarded a second time, so that two routers that peer with each "
             "other cannot pass it back and forth. Send it to the router that serves the model itself",
         )
     if any(n in request.avoid for n in remote):
         failed = ", ".join(f"'{n}'" for n in remote if n in request.avoid)
-        return 502, "peer_failed", f"the peer serving {failed} failed this request; retry later"
-    return 503, "model_unavailable", unavailable_reason(w, request.target)
+        return RejectCode.PEER_FAILED, f"the peer serving {failed} failed this request; retry later"
+    return RejectCode.MODEL_UNAVAILABLE, unavailable_reason(w, request.target)
 
 
 def _unloadable_reason(w: Work, spec: ModelSpec | None) -> str:
@@ -293,7 +292,7 @@ def _unloadable_reason(w: Work, spec: ModelSpec | None) -> str:
     )
 
 
-def fail_waiters(w: Work, model: str, reason: str, status: int, code: str) -> None:
+def fail_waiters(w: Work, model: str, reason: str, code: RejectCode) -> None:
     """Reject, in arrival order, every queued request that only ``model`` could serve."""
     doomed: list[Request] = []
     for target in (model, *w.settings.pools_of(model)):
@@ -302,7 +301,7 @@ def fail_waiters(w: Work, model: str, reason: str, status: int, code: str) -> No
             if target == model or candidates(w, target, request.tokens) == [model]:
                 doomed.append(request)
     for request in sorted(doomed, key=lambda r: r.seq):
-        w.reject(request, status, code, reason)
+        w.reject(request, code, reason)
 
 
 def _reap_drained(w: Work) -> None:
@@ -346,7 +345,7 @@ def _shutdown_progress(w: Work) -> None:
     if due:
         for peer in sorted(w.peer_inflight.keys()):
             for rid in sorted(w.peer_inflight[peer]):
-                w.reject(w.requests[rid], 503, "shutting_down", "router shutdown deadline reached")
+                w.reject(w.requests[rid], RejectCode.SHUTTING_DOWN, "router shutdown deadline reached")
     if not w.replicas and not w.peer_inflight and not w.stopped:
         w.stopped = True
         w.cmds.append(Stopped())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import attrs
 
-from .commands import Reject
+from .commands import Reject, RejectCode
 from .errors import IllegalEvent
 from .events import DispatchFailed, PeerFailed, PeerState
 from .passes import candidates
@@ -23,12 +23,12 @@ def dispatch_failed(w: Work, e: DispatchFailed) -> None:
     if w.shutting_down or not known:
         # It cannot wait again: the router is stopping, or a reload removed what it asked for.
         if w.shutting_down:
-            w.reject(request, 503, "shutting_down", "the router is shutting down; retry shortly")
+            w.reject(request, RejectCode.SHUTTING_DOWN, "the router is shutting down; retry shortly")
         else:
             message = (
                 f"'{request.target}' was removed from the configuration and its replica refused the request"
             )
-            w.reject(request, 404, "model_not_found", message)
+            w.reject(request, RejectCode.MODEL_NOT_FOUND, message)
         _drain(w, replica.id)
         return
     w.release(request)
@@ -57,7 +57,7 @@ def peer_failed(w: Work, e: PeerFailed) -> None:
     if e.down and peer in w.settings.peers:
         w.peers_down[peer] = e.reason
     if w.shutting_down:
-        w.cmds.append(Reject(e.rid, 503, "shutting_down", "the router is shutting down; retry shortly"))
+        w.cmds.append(Reject(e.rid, RejectCode.SHUTTING_DOWN, "the router is shutting down; retry shortly"))
         return
     avoid = request.avoid | {model}
     known = request.target in w.settings.models or request.target in w.settings.pools
@@ -65,9 +65,9 @@ def peer_failed(w: Work, e: PeerFailed) -> None:
         waiting = attrs.evolve(request, phase=QUEUED, peer=None, model=None, overflow=False, avoid=avoid)
         _wait_again(w, waiting)
         return
-    status = e.status if e.status is not None and e.status >= 500 else 502
-    code = "peer_unreachable" if e.down else "peer_failed"
-    w.cmds.append(Reject(e.rid, status, code, f"peer '{peer}' serving '{model}' failed: {e.reason}"))
+    code = RejectCode.PEER_UNREACHABLE if e.down else RejectCode.PEER_FAILED
+    message = f"peer '{peer}' serving '{model}' failed: {e.reason}"
+    w.cmds.append(Reject(e.rid, code, message, peer_status=e.status))
 
 
 def peer_state(w: Work, e: PeerState) -> None:

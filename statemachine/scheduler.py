@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from .commands import Command, Kill, KillCause, Reject
+from .commands import Command, Kill, KillCause, Reject, RejectCode
 from .errors import IllegalEvent
 from .events import (
     ClientGone,
@@ -97,13 +97,13 @@ def _arrived(w: Work, e: RequestArrived) -> None:
     )
     w.next_seq += 1
     if w.shutting_down:
-        w.cmds.append(_reject(e.rid, 503, "shutting_down", "the router is shutting down; retry shortly"))
+        w.cmds.append(Reject(e.rid, RejectCode.SHUTTING_DOWN, "the router is shutting down; retry shortly"))
         return
     models, pools = w.settings.models, w.settings.pools
     if e.target not in models and e.target not in pools:
         known = ", ".join(sorted((*models.keys(), *pools.keys())))
         message = f"model '{e.target}' is not served here; known models: {known}"
-        w.cmds.append(_reject(e.rid, 404, "model_not_found", message))
+        w.cmds.append(Reject(e.rid, RejectCode.MODEL_NOT_FOUND, message))
         return
     names = candidates(w, e.target, e.tokens, local_only=e.local_only)
     if not names:
@@ -126,22 +126,17 @@ def _unservable(w: Work, e: RequestArrived) -> Command:
     specs = [w.model(m) for m in serving_models(w.settings, e.target)]
     if not specs:
         message = f"no member of '{e.target}' is served now (a peer's model joins once its peer answers)"
-        return _reject(e.rid, 503, "model_unavailable", message)
+        return Reject(e.rid, RejectCode.MODEL_UNAVAILABLE, message)
     refused = [s for s in specs if s.refusal is not None]
     if len(refused) == len(specs):
-        return _reject(e.rid, 503, "model_unavailable", "; ".join(s.refusal or "" for s in refused))
+        return Reject(e.rid, RejectCode.MODEL_UNAVAILABLE, "; ".join(s.refusal or "" for s in refused))
     largest = max(s.ctx_per_slot or 0 for s in specs if s.refusal is None)
-    return _reject(
+    return Reject(
         e.rid,
-        400,
-        "context_length_exceeded",
+        RejectCode.CONTEXT_LENGTH_EXCEEDED,
         f"the request needs {e.tokens} tokens but the largest per-slot context of '{e.target}' is {largest} "
         "tokens (ctx / parallel); shorten the prompt or max_tokens, or raise the model's ctx",
     )
-
-
-def _reject(rid: int, status: int, code: str, message: str) -> Command:
-    return Reject(rid, status, code, message)
 
 
 def _client_gone(w: Work, e: ClientGone) -> None:
@@ -187,7 +182,7 @@ def _after_load_failure(w: Work, model: str, reason: str) -> None:
         w.failing.add(model)  # the others may still load; no new one starts meanwhile
         return
     w.failing.discard(model)
-    fail_waiters(w, model, f"model '{model}' failed to load: {reason}", 503, "load_failed")
+    fail_waiters(w, model, f"model '{model}' failed to load: {reason}", RejectCode.LOAD_FAILED)
 
 
 def _unresponsive(w: Work, e: ReplicaUnresponsive) -> None:
@@ -207,7 +202,7 @@ def _exited(w: Work, e: ReplicaExited) -> None:
     for rid in sorted(replica.inflight):
         w.requests.remove(rid)
         message = f"the replica of '{replica.model}' serving this request exited: {e.reason}"
-        w.cmds.append(_reject(rid, 502, "replica_exited", message))
+        w.cmds.append(Reject(rid, RejectCode.REPLICA_EXITED, message))
     if replica.phase == LOADING:
         _after_load_failure(w, replica.model, e.reason)
 
@@ -255,14 +250,14 @@ def _settings_changed(w: Work, e: SettingsChanged) -> None:
     for request in sorted((r for r in w.state.requests.values() if r.phase == QUEUED), key=lambda r: r.seq):
         if request.target not in new.models and request.target not in new.pools:
             message = f"'{request.target}' was removed from the configuration while this request waited"
-            w.reject(request, 404, "model_not_found", message)
+            w.reject(request, RejectCode.MODEL_NOT_FOUND, message)
 
 
 def _shutdown(w: Work, e: ShutdownRequested) -> None:
     w.deadline = e.deadline if w.deadline is None else min(w.deadline, e.deadline)
     w.shutting_down = True
     for request in sorted((r for r in w.state.requests.values() if r.phase == QUEUED), key=lambda r: r.seq):
-        w.reject(request, 503, "shutting_down", "the router is shutting down; retry shortly")
+        w.reject(request, RejectCode.SHUTTING_DOWN, "the router is shutting down; retry shortly")
 
 
 _RULES: dict[type, Callable[[Work, Any], None]] = {

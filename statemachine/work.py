@@ -11,7 +11,7 @@ from pyrsistent import pmap, pset
 from pyrsistent.typing import PSet
 
 from .affinity import Chain, remember, shared
-from .commands import Command, Dispatch, Eviction, Forward, Kill, KillCause, Reject, Spawn
+from .commands import Command, Dispatch, Eviction, Forward, Kill, KillCause, Reject, RejectCode, Spawn
 from .fifo import Fifo
 from .settings import ModelSpec
 from .state import (
@@ -196,13 +196,13 @@ class Work:
         self.queues[request.target] = self.fifo(request.target).drop(request.rid, self.is_queued)
         self.waiting -= 1
 
-    def reject(self, request: Request, status: int, code: str, message: str) -> None:
+    def reject(self, request: Request, code: RejectCode, message: str) -> None:
         """End a queued or in-flight request with an error."""
         if request.phase == QUEUED:
             self.unqueue(request)
         else:
             self.release(request)
-        self.cmds.append(Reject(request.rid, status, code, message))
+        self.cmds.append(Reject(request.rid, code, message))
 
     def dispatch(self, request: Request, replica: Replica, model: str) -> None:
         self.requests.remove(request.rid)

@@ -23,8 +23,9 @@ from router.config.values import RouterSettings
 from router.http import pages
 from router.http.access import key_accepted, presented_key
 from router.http.browser_guard import Refusal, Verdict, judge
-from router.http.errors import unknown_model_message
+from router.http.errors import HttpCode, unknown_model_message
 from router.http.request_headers import bad_header, headers_too_large
+from statemachine import RejectCode
 
 # /health for probes; the pages and their files hold no data (they ask for a key themselves).
 OPEN_PATHS = ("/health", *pages.OPEN_PATHS)
@@ -68,12 +69,12 @@ def check_head(
     pairs = list(pairs)
     too_large = headers_too_large(pairs)
     if too_large is not None:
-        return HeadCheck(verdict, Refusal(431, "headers_too_large", too_large, {"Connection": "close"}))
+        return HeadCheck(verdict, Refusal(HttpCode.HEADERS_TOO_LARGE, too_large, {"Connection": "close"}))
     problem = bad_header(pairs)
     if problem is not None:
-        return HeadCheck(verdict, Refusal(400, "invalid_header", problem))
+        return HeadCheck(verdict, Refusal(HttpCode.INVALID_HEADER, problem))
     if api_keys and path not in OPEN_PATHS and not key_accepted(api_keys, presented_key(headers)):
-        return HeadCheck(verdict, Refusal(401, "invalid_api_key", KEY_MESSAGE, _BEARER))
+        return HeadCheck(verdict, Refusal(HttpCode.INVALID_API_KEY, KEY_MESSAGE, _BEARER))
     return HeadCheck(verdict)
 
 
@@ -88,7 +89,7 @@ def resolve_target(
             if path in TOKEN_COUNTING and target in config.pools:
                 members = ", ".join(config.pools[target].members)
                 message = f"'{name}' is a pool; token counting needs one of its models: {members}"
-                return None, Refusal(400, "pool_not_allowed", message)
+                return None, Refusal(HttpCode.POOL_NOT_ALLOWED, message)
             return target, None
     default = config.router.default_pool
     if default is not None and path not in TOKEN_COUNTING:
@@ -96,9 +97,9 @@ def resolve_target(
     if not name:
         known = ", ".join(sorted((*config.models, *config.pools)))
         message = f'the request names no model; add "model" with one of: {known}'
-        return None, Refusal(400, "model_required", message)
+        return None, Refusal(HttpCode.MODEL_REQUIRED, message)
     message = unknown_model_message(name, (*config.models, *config.pools))
-    return None, Refusal(404, "model_not_found", message)
+    return None, Refusal(RejectCode.MODEL_NOT_FOUND, message)
 
 
 def unadmitted_endpoint(path: str, method: str, forwarded: frozenset[str]) -> str | None:

@@ -13,7 +13,7 @@ from werkzeug.exceptions import HTTPException
 from router.config.load import Config, resolve_name
 from router.http.admission import check_head, unadmitted_endpoint
 from router.http.browser_guard import preflight_headers, register_cors
-from router.http.errors import error_response, internal_error, unknown_model
+from router.http.errors import QUART_CODES, HttpCode, error_response, internal_error, unknown_model
 from router.http.forward import FORWARDED
 from router.http.proxy import SAFE_SEGMENT, Proxy, upstream_headers
 from router.http.reply import to_quart
@@ -93,7 +93,7 @@ def _register_admission(app: QuartTrio, config: Config, desk: Desk) -> None:
         refusal = check.refusal
         if refusal is None:
             return None
-        return error_response(refusal.status, refusal.code, refusal.message, refusal.headers)
+        return error_response(refusal.code, refusal.message, refusal.headers)
 
     register_cors(app, lambda: desk.config.router)
 
@@ -139,8 +139,9 @@ def _register_errors(app: QuartTrio, config: Config) -> None:
             limit = config.router.max_body_mib  # fixed at startup
             message = f"request body is larger than max_body_mib = {limit} MiB; send less or raise the limit"
             # The unread rest of the body is still on the connection: close it rather than reuse it.
-            return error_response(413, "request_too_large", message, {"Connection": "close"})
-        return error_response(status, exc.name.lower().replace(" ", "_"), exc.description or exc.name)
+            return error_response(HttpCode.REQUEST_TOO_LARGE, message, {"Connection": "close"})
+        code = QUART_CODES.get(status, HttpCode.HTTP_ERROR)
+        return error_response(code, exc.description or exc.name, given=status)
 
     def served_by_the_data_path() -> Response:
         # POSTs to these paths never reach quart (router.http.forward serves them); the rules exist so that
@@ -189,7 +190,7 @@ def _register_documents(app: QuartTrio, view: RouterView) -> None:
         found = await replica_log(view, replica, lines)
         if found is None:
             message = f"no replica {replica} is running or exited recently; /status lists the replicas"
-            return error_response(404, "replica_not_found", message)
+            return error_response(HttpCode.REPLICA_NOT_FOUND, message)
         text, source = found
         return Response(text, content_type="text/plain; charset=utf-8", headers={"x-log-source": source})
 
@@ -202,7 +203,7 @@ def _register_upstream(app: QuartTrio, desk: Desk, proxy: Proxy) -> None:
             return unknown_model(model, desk.config.models)
         segments = rest.split("/")
         if any(s in ("", ".", "..") or not SAFE_SEGMENT.match(s) for s in segments):
-            return error_response(400, "invalid_path", f"'{rest}' is not a plain path below the model")
+            return error_response(HttpCode.INVALID_PATH, f"'{rest}' is not a plain path below the model")
         raw = await read_body()
         ticket = desk.admit(
             target, asked=model, endpoint="/upstream", client=request.remote_addr or "", tokens=None
@@ -225,7 +226,7 @@ def _register_admin(app: QuartTrio, admin: Admin) -> None:
     async def reload() -> Response:
         result = await reload_config(admin.router)
         if not result.ok:
-            return error_response(400, "invalid_config", result.message)
+            return error_response(HttpCode.INVALID_CONFIG, result.message)
         doc = {"reloaded": True, "restarted": list(result.restarted)}
         return Response(json.dumps(doc), content_type="application/json")
 
@@ -236,7 +237,7 @@ def _register_admin(app: QuartTrio, admin: Admin) -> None:
             body = parse_object(raw, empty_ok=True)
             check_fields(body, UNLOAD_FIELDS)
         except BodyError as exc:
-            return error_response(400, exc.code, str(exc))
+            return error_response(exc.code, str(exc))
         name = body.get("model")
         force = body.get("force") is True
         model = None

@@ -32,6 +32,7 @@ import attrs
 
 from router.config.origins import DEFAULT_PORTS, _ip, canonical_origin, is_loopback_host, split_host
 from router.config.values import RouterSettings
+from router.http.errors import ErrorCode, HttpCode, status_of
 
 if TYPE_CHECKING:
     from quart import Response
@@ -58,10 +59,16 @@ _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 
 @attrs.frozen
 class Refusal:
-    status: int
-    code: str
+    """A request turned away before it reached anything: its code (which gives its status), why, and any
+    headers the answer carries."""
+
+    code: ErrorCode
     message: str
     headers: Mapping[str, str] = attrs.field(factory=dict)
+
+    @property
+    def status(self) -> int:
+        return status_of(self.code)
 
 
 @attrs.frozen
@@ -156,7 +163,7 @@ def judge(
             f"{headers.get('sec-fetch-mode', '?')}) comes from another page's image, script or frame; the "
             'router refuses those unless cors_origins holds "*"'
         )
-        return Verdict(refusal=Refusal(403, "cross_site_not_allowed", message))
+        return Verdict(refusal=Refusal(HttpCode.CROSS_SITE_NOT_ALLOWED, message))
     if path in ADMIN_PATHS:
         refusal = _admin_refusal(method, path, headers.get("content-type", ""))
         if refusal is not None:
@@ -179,7 +186,7 @@ def _host_refusal(host: str, bind_host: str) -> Refusal:
         "use it); add the name to allowed_hosts ([router] allowed_hosts or ROUTER_ALLOWED_HOSTS) if it is "
         "meant to reach the router"
     )
-    return Refusal(403, "host_not_allowed", message)
+    return Refusal(HttpCode.HOST_NOT_ALLOWED, message)
 
 
 def _origin_refusal(origin: str, host: str | None) -> Refusal:
@@ -188,18 +195,18 @@ def _origin_refusal(origin: str, host: str | None) -> Refusal:
         f"(host {host or '?'}) and not listed in cors_origins; add it to [router] cors_origins (or "
         "ROUTER_CORS_ORIGINS) to let such pages use the router"
     )
-    return Refusal(403, "origin_not_allowed", message)
+    return Refusal(HttpCode.ORIGIN_NOT_ALLOWED, message)
 
 
 def _admin_refusal(method: str, path: str, content_type: str) -> Refusal | None:
     usage = f"send POST {path} with Content-Type: application/json and a JSON object body ({{}} will do)"
     if method != "POST":
         return Refusal(
-            405, "method_not_allowed", f"{method} {path} is not allowed: {usage}", {"Allow": "POST"}
+            HttpCode.METHOD_NOT_ALLOWED, f"{method} {path} is not allowed: {usage}", {"Allow": "POST"}
         )
     if content_type.split(";", 1)[0].strip().lower() != "application/json":
         shown = content_type or "none"
-        return Refusal(415, "unsupported_media_type", f"Content-Type {shown!r} is not accepted: {usage}")
+        return Refusal(HttpCode.UNSUPPORTED_MEDIA_TYPE, f"Content-Type {shown!r} is not accepted: {usage}")
     return None
 
 

@@ -30,7 +30,7 @@ from quart_trio import QuartTrio
 
 from router.config.load import resolve_name
 from router.http.browser_guard import drop_cors
-from router.http.errors import error_response, unknown_model
+from router.http.errors import HttpCode, error_response, unknown_model
 from router.http.prefix_key import request_chain
 from router.http.proxy import (
     HOP_BY_HOP,
@@ -38,6 +38,7 @@ from router.http.proxy import (
     Proxy,
     merged_headers,
     read_replica_error,
+    reject_reply,
     upstream_headers,
 )
 from router.http.reply import to_quart
@@ -71,7 +72,7 @@ async def _pass_get(pool: UpstreamPool, port: int, rest: str, model: str, name: 
         # A kept-alive connection the replica closed as it was reused is replaced by the pool itself.
         upstream = await pool.send(port, "GET", target, headers)
     except UpstreamError as exc:
-        return error_response(502, "upstream_unreachable", f"the replica did not answer: {exc}")
+        return error_response(HttpCode.UPSTREAM_UNREACHABLE, f"the replica did not answer: {exc}")
     if upstream.status_code == 404 and not rest:
         # A llama-server built without its web UI: the router's own chat page serves the model instead.
         await upstream.aclose()
@@ -118,10 +119,10 @@ async def _get_when_loaded(ticket: Ticket, pool: UpstreamPool, rest: str, model:
         await ticket.decided.wait()
         decided = True
     finally:
+        answer = reject_reply(ticket) if decided and ticket.reject is not None else None
         ticket.end(completed=decided and ticket.reject is None)
-    if ticket.reject is not None:
-        reject = ticket.reject
-        return error_response(reject.status, reject.code, reject.message)
+    if answer is not None:
+        return to_quart(answer)
     assert ticket.port is not None
     return await _pass_get(pool, ticket.port, rest, model, name)
 
@@ -144,7 +145,7 @@ def register_chat(app: QuartTrio, desk: Desk, proxy: Proxy) -> None:
         if model is None:
             return unknown_model(name, desk.config.models)
         if rest and any(s in ("", ".", "..") or not SAFE_SEGMENT.match(s) for s in rest.split("/")):
-            return error_response(400, "invalid_path", f"'{rest}' is not a plain path below the model")
+            return error_response(HttpCode.INVALID_PATH, f"'{rest}' is not a plain path below the model")
         if request.method == "GET":
             port = desk.ready_port([model])
             if port is not None:

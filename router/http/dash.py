@@ -28,7 +28,7 @@ from quart_trio import QuartTrio
 
 from router.config.load import Config
 from router.http.chat_page import register_chat
-from router.http.errors import error_response
+from router.http.errors import HttpCode, error_response
 from router.http.pages import DASH_FILES, register_pages
 from router.http.proxy import Proxy
 from router.journal.history import HistoryQuery, status_range
@@ -67,7 +67,7 @@ def register_dash(app: QuartTrio, config: Config, desk: Desk, observers: Observe
             status_range(status)
         except ValueError:
             return error_response(
-                400, "invalid_filter", "limit must be a number; status a code, 2xx/4xx/5xx, ok or error"
+                HttpCode.INVALID_FILTER, "limit must be a number; status a code, 2xx/4xx/5xx, ok or error"
             )
         query = HistoryQuery(limit=limit, model=args.get("model") or None, status=status)
         rows, source = await history.query(query)
@@ -98,7 +98,7 @@ def register_dash(app: QuartTrio, config: Config, desk: Desk, observers: Observe
             try:
                 after = float(since) if since else None
             except ValueError:
-                return error_response(400, "invalid_filter", "since must be a number (seconds since 1970)")
+                return error_response(HttpCode.INVALID_FILTER, "since must be a number (seconds since 1970)")
             doc = sampler.timeline(after)
             now = trio.current_time()
             doc["queue"] = [  # ages as of now (the state's clock only moves with events)
@@ -107,7 +107,7 @@ def register_dash(app: QuartTrio, config: Config, desk: Desk, observers: Observe
             ]
             return _json(doc)
         if name not in DASH_FILES or name == "dash.html":
-            return error_response(404, "not_found", f"no dashboard file '{name}'")
+            return error_response(HttpCode.NOT_FOUND, f"no dashboard file '{name}'")
         return _static(name)
 
     register_chat(app, desk, proxy)

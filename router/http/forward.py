@@ -22,6 +22,7 @@ import trio
 from router.config.load import Config
 from router.http.admission import HeadCheck, check_head, resolve_target
 from router.http.browser_guard import cors_reply_headers
+from router.http.errors import HttpCode
 from router.http.prefix_key import request_chain
 from router.http.proxy import Proxy, upstream_headers
 from router.http.reply import Reply, error_reply, internal_error_reply, send_reply
@@ -157,7 +158,7 @@ class Forwarder:
         refusal = check.refusal
         if refusal is None:
             return None
-        return error_reply(refusal.status, refusal.code, refusal.message, refusal.headers)
+        return error_reply(refusal.code, refusal.message, refusal.headers)
 
     async def _read_body(self, receive: Receive, pairs: list[tuple[str, str]]) -> bytes | Reply:
         limit = self.body_limit
@@ -179,13 +180,13 @@ class Forwarder:
                 if not message.get("more_body", False):
                     return parts[0] if len(parts) == 1 else b"".join(parts)
         message = f"the request body did not arrive within {BODY_TIMEOUT:g} s"
-        return error_reply(408, "request_timeout", message, {"connection": "close"})
+        return error_reply(HttpCode.REQUEST_TIMEOUT, message, {"connection": "close"})
 
     def _too_large(self) -> Reply:
         mib = self.body_limit // (1024 * 1024)
         message = f"request body is larger than max_body_mib = {mib} MiB; send less or raise the limit"
         # The unread rest of the body is still on the connection: close it rather than reuse it.
-        return error_reply(413, "request_too_large", message, {"connection": "close"})
+        return error_reply(HttpCode.REQUEST_TOO_LARGE, message, {"connection": "close"})
 
     async def _serve(
         self, path: str, raw: bytes, raw_headers: list[tuple[bytes, bytes]], client: str, query: bytes
@@ -195,7 +196,7 @@ class Forwarder:
             body = parse_object(raw)
             check_fields(body)
         except BodyError as exc:
-            return error_reply(400, exc.code, str(exc)), False
+            return error_reply(exc.code, str(exc)), False
         target, problem = self._resolve(body.get("model"), path)
         if problem is not None:
             return problem, False
@@ -228,7 +229,7 @@ class Forwarder:
     def _resolve(self, name: Any, path: str) -> tuple[str | None, Reply | None]:
         target, refusal = resolve_target(self.desk.config, self.desk.peer_model, name, path)
         if refusal is not None:
-            return None, error_reply(refusal.status, refusal.code, refusal.message, refusal.headers)
+            return None, error_reply(refusal.code, refusal.message, refusal.headers)
         return target, None
 
     async def _needed_tokens(self, target: str, body: dict[str, Any]) -> int | None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from quart import Response
 from quart_trio import QuartTrio
 
-from router.http.errors import error_response
+from router.http.errors import HttpCode, error_response
 
 STATIC = Path(__file__).resolve().with_name("static")
 PAGES = {"/translate": "translate.html", "/chat": "chat.html", "/talk": "talk.html"}
@@ -75,5 +75,5 @@ def register_pages(app: QuartTrio) -> None:
     @app.route("/pages/<name>")
     async def page_file(name: str) -> Response:
         if name not in ASSETS:
-            return error_response(404, "not_found", f"no page file '{name}'")
+            return error_response(HttpCode.NOT_FOUND, f"no page file '{name}'")
         return _file(name, ASSETS[name])

@@ -23,14 +23,14 @@ import attrs
 import trio
 
 from router.http.browser_guard import drop_cors
-from router.http.errors import sse_error
+from router.http.errors import HttpCode, sse_error, status_of
 from router.http.peer_relay import PeerRelay
 from router.http.replica_errors import BODY_LIMIT, ReplicaError, shape_replica_error
 from router.http.reply import Reply, error_reply
 from router.http.upstream import ConnectFailed, UpstreamBroken, UpstreamError, UpstreamPool, UpstreamReply
 from router.shell.ticket import Ticket
 from router.shell.views import RouterView
-from statemachine import Dispatch
+from statemachine import Dispatch, RejectCode
 
 KEEPALIVE_AFTER = 1.0
 KEEPALIVE_EVERY = 2.0
@@ -98,10 +98,16 @@ async def read_replica_error(model: str | None, upstream: UpstreamReply) -> Repl
     return shape_replica_error(model, upstream.status_code, body, complete)
 
 
-def _reject_reply(ticket: Ticket) -> Reply:
-    assert ticket.reject is not None
-    headers = {"Retry-After": "5"} if ticket.reject.code in ("queue_full", "shutting_down") else None
-    return error_reply(ticket.reject.status, ticket.reject.code, ticket.reject.message, headers)
+def reject_reply(ticket: Ticket) -> Reply:
+    """The answer to the scheduler's rejection of ``ticket``; its status is also the request's record's."""
+    reject = ticket.reject
+    assert reject is not None
+    retry = reject.code in (RejectCode.QUEUE_FULL, RejectCode.SHUTTING_DOWN)
+    reply = error_reply(
+        reject.code, reject.message, {"Retry-After": "5"} if retry else None, given=reject.peer_status
+    )
+    ticket.observed.fail(reply.status, reject.message)
+    return reply
 
 
 def _broken(exc: UpstreamError) -> str:
@@ -196,7 +202,7 @@ class Proxy:
     ) -> UpstreamReply | Answered:
         """The replica's reply to relay (status below 400), or the answer when there is none to relay."""
         if ticket.reject is not None:
-            return Answered(_reject_reply(ticket), completed=False)
+            return Answered(reject_reply(ticket), completed=False)
         target = _target(path, query)
         upstream: UpstreamReply | None = None
         while ticket.peer is not None and upstream is None:
@@ -204,7 +210,7 @@ class Proxy:
             if upstream is None:
                 await ticket.decided.wait()  # the peer failed it: a pool's next member, or the answer
                 if ticket.reject is not None:
-                    return Answered(_reject_reply(ticket), completed=False)
+                    return Answered(reject_reply(ticket), completed=False)
         if upstream is None:
             pooled = ticket.target in self.view.state.settings.pools
             if pooled and ticket.model is not None and ticket.model != ticket.target:
@@ -213,10 +219,11 @@ class Proxy:
                 upstream = await self._connect(ticket, method, target, headers, body)
             except UpstreamError as exc:
                 message = f"the replica of '{ticket.model}' did not answer: {exc}"
-                ticket.observed.fail(502, message)
-                return Answered(error_reply(502, "upstream_unreachable", message), True, _broken(exc))
+                reply = error_reply(HttpCode.UPSTREAM_UNREACHABLE, message)
+                ticket.observed.fail(reply.status, message)
+                return Answered(reply, True, _broken(exc))
             if upstream is None:
-                return Answered(_reject_reply(ticket), completed=False)
+                return Answered(reject_reply(ticket), completed=False)
             ticket.observed.status = upstream.status_code
         if upstream.status_code >= 400:
             error = await read_replica_error(ticket.model, upstream)
@@ -256,14 +263,14 @@ class Proxy:
             except UpstreamError as exc:
                 completed = True
                 text = self._failure_text(ticket, exc)
-                ticket.observed.fail(502, text)
+                ticket.observed.fail(status_of(HttpCode.REPLICA_FAILED), text)
                 # The scheduler hears of it before the client does, so the client's next request cannot
                 # reach this replica (it may be dying) before its exit is reported.
                 with trio.CancelScope(shield=True):
                     await upstream.aclose()
                 ticket.end(completed=True, broken=_broken(exc))
                 if sse:
-                    yield sse_error(502, "replica_failed", text)
+                    yield sse_error(HttpCode.REPLICA_FAILED, text)
         finally:
             with trio.CancelScope(shield=True):
                 await upstream.aclose()

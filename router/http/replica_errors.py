@@ -23,7 +23,7 @@ from typing import Any
 
 import attrs
 
-from router.http.errors import error_body
+from router.http.errors import HttpCode, error_body
 from router.journal.records import valid_text
 
 TEXT_LIMIT = 500
@@ -100,7 +100,7 @@ def shape_replica_error(model: str | None, status: int, body: bytes, complete: b
     if message is not None:
         if client_fault(status, message):
             message = valid_text(message)  # it may quote the client's body, lone surrogates and all
-            return ReplicaError(400, _body(400, "invalid_request", message), message, True)
+            return ReplicaError(400, _body(HttpCode.INVALID_REQUEST, message), message, True)
         return ReplicaError(status, body, message, False)
     text = " ".join(body.decode("utf-8", "replace").split())
     if len(text) > TEXT_LIMIT or not complete:
@@ -109,8 +109,8 @@ def shape_replica_error(model: str | None, status: int, body: bytes, complete: b
     wrapped = f"{name} answered {_reason(status)}: {text}" if text else f"{name} answered {_reason(status)}"
     if not text:
         wrapped += " with an empty body"
-    return ReplicaError(status, _body(status, "upstream_error", wrapped), wrapped, True)
+    return ReplicaError(status, _body(HttpCode.UPSTREAM_ERROR, wrapped, status), wrapped, True)
 
 
-def _body(status: int, code: str, message: str) -> bytes:
-    return json.dumps(error_body(status, code, message)).encode()
+def _body(code: HttpCode, message: str, given: int | None = None) -> bytes:
+    return json.dumps(error_body(code, message, given)).encode()

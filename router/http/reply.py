@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from router.http.errors import error_body, internal_error_message
+from router.http.errors import ErrorCode, HttpCode, error_body, internal_error_message, status_of
 
 Send = Any  # the ASGI send callable
 
@@ -34,13 +34,15 @@ def json_reply(status: int, doc: Any, headers: Mapping[str, str] | None = None) 
     return Reply(status, {"content-type": "application/json", **(headers or {})}, json.dumps(doc).encode())
 
 
-def error_reply(status: int, code: str, message: str, headers: Mapping[str, str] | None = None) -> Reply:
-    """An error in the OpenAI shape (see ``router.http.errors``)."""
-    return json_reply(status, error_body(status, code, message), headers)
+def error_reply(
+    code: ErrorCode, message: str, headers: Mapping[str, str] | None = None, *, given: int | None = None
+) -> Reply:
+    """An error in the OpenAI shape, with the status ``router.http.errors.ANSWERS`` gives ``code``."""
+    return json_reply(status_of(code, given), error_body(code, message, given), headers)
 
 
 def internal_error_reply(exc: BaseException, method: str, path: str) -> Reply:
-    return error_reply(500, "internal_error", internal_error_message(exc, method, path))
+    return error_reply(HttpCode.INTERNAL_ERROR, internal_error_message(exc, method, path))
 
 
 def encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:

@@ -39,6 +39,8 @@ from typing import Any
 
 from quart import g, request
 
+from router.http.errors import HttpCode
+
 MAX_DEPTH = 64
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -66,7 +68,7 @@ FIELD_TYPES: FieldTypes = {
 class BodyError(ValueError):
     """The body cannot be used; ``str(error)`` is the message for the client."""
 
-    def __init__(self, message: str, code: str = "invalid_json") -> None:
+    def __init__(self, message: str, code: HttpCode = HttpCode.INVALID_JSON) -> None:
         super().__init__(message)
         self.code = code
 
@@ -115,12 +117,14 @@ def check_fields(body: Mapping[str, Any], fields: FieldTypes = FIELD_TYPES) -> N
             continue
         wrong = isinstance(value, bool) and bool not in types
         if wrong or not isinstance(value, types):
-            raise BodyError(f"'{name}' must be {expected} (or null), not {_kind(value)}", "invalid_type")
+            raise BodyError(
+                f"'{name}' must be {expected} (or null), not {_kind(value)}", HttpCode.INVALID_TYPE
+            )
         if name == "messages":
             for index, item in enumerate(value):
                 if not isinstance(item, dict):
                     message = f"'messages[{index}]' must be an object, not {_kind(item)}"
-                    raise BodyError(message, "invalid_type")
+                    raise BodyError(message, HttpCode.INVALID_TYPE)
 
 
 def _kind(value: Any) -> str:

@@ -4,13 +4,17 @@ The owner task (``router.shell.runtime``) decides when a replica should exist; a
 stops the processes and reports what becomes of them, one value per happening, through a callback it is
 given at construction:
 
-* ``ProcessReady`` once /health has answered 200;
-* ``ProcessLoadFailed`` when /health did not answer 200 within the load timeout (the process is then
-  being stopped, and a ``ProcessExited`` follows);
-* ``ProcessUnresponsive`` when a ready replica stopped answering /health (it has already been killed);
-* ``ProcessKv`` after saving a replica's slots (before it is stopped) or restoring a saved state into it
-  (before ``ProcessReady``);
-* ``ProcessExited`` exactly once per spawned replica, after the process has been reaped.
+* ``ReplicaReady`` once /health has answered 200;
+* ``LoadFailed`` when /health did not answer 200 within the load timeout (the process is then being
+  stopped, and a ``ReplicaExited`` follows);
+* ``ReplicaUnresponsive`` when a ready replica stopped answering /health (it has already been killed);
+* ``ReplicaKv`` after saving a replica's slots (before it is stopped) or restoring a saved state into it
+  (before ``ReplicaReady``);
+* ``ReplicaExited`` exactly once per spawned replica, after the process has been reaped.
+
+The first four are the scheduler's own events (``statemachine.events``): a fact keeps one name from the
+process to the scheduler. What the shell alone needs of an exit (its status, whether we stopped it, whether
+it ever served) is in the replica's ``info`` snapshot, current when the report is made.
 
 :class:`ProcessSupervisor` is all the owner task and the status pages need of a supervisor; the real one
 is ``router.shell.supervisor.Supervisor``.
@@ -29,16 +33,13 @@ from router.shell.kv_slots import KvOutcome
 from router.shell.kv_store import KvStore
 from router.shell.prompts import PromptProbe
 from router.shell.replica_logs import ReplicaLogFile
+from statemachine.events import LoadFailed, ReplicaExited, ReplicaReady, ReplicaUnresponsive
 
 __all__ = [
     "KvLaunch",
     "LaunchSpec",
-    "ProcessExited",
-    "ProcessKv",
-    "ProcessLoadFailed",
-    "ProcessReady",
     "ProcessSupervisor",
-    "ProcessUnresponsive",
+    "ReplicaKv",
     "ReplicaProcessInfo",
     "Report",
     "SupervisorEvent",
@@ -76,45 +77,14 @@ class LaunchSpec:
 
 
 @attrs.frozen
-class ProcessReady:
-    replica_id: int
-
-
-@attrs.frozen
-class ProcessLoadFailed:
-    replica_id: int
-    reason: str
-
-
-@attrs.frozen
-class ProcessUnresponsive:
-    """A ready replica stopped answering /health; the supervisor has already sent it SIGKILL."""
-
-    replica_id: int
-    reason: str
-
-
-@attrs.frozen
-class ProcessExited:
-    """The process is gone. ``asked``: the supervisor stopped it (a ``kill``, a load that timed out, a hung
-    replica, the supervisor's own shutdown); False when it crashed or could not start."""
-
-    replica_id: int
-    returncode: int | None
-    during_load: bool
-    reason: str
-    asked: bool
-
-
-@attrs.frozen
-class ProcessKv:
+class ReplicaKv:
     """A save of the replica's slots before it stopped, or a restore into it before it was declared ready."""
 
-    replica_id: int
+    replica: int
     result: KvOutcome
 
 
-SupervisorEvent = ProcessReady | ProcessLoadFailed | ProcessUnresponsive | ProcessExited | ProcessKv
+SupervisorEvent = ReplicaReady | LoadFailed | ReplicaUnresponsive | ReplicaExited | ReplicaKv
 Report = Callable[[SupervisorEvent], None]
 
 

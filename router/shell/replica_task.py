@@ -1,9 +1,9 @@
 """One replica's life inside the supervisor: start the process, keep its output, watch /health, stop it.
 
 A :class:`ReplicaTask` is created by ``Supervisor.spawn`` and run in the supervisor's nursery. It reports
-through the supervisor's callback (see ``router.shell.processes``): ``ProcessReady`` once /health answers
-200, ``ProcessLoadFailed`` when it does not within the load timeout, ``ProcessUnresponsive`` when a ready
-replica goes silent for ``hang_timeout``, and always, last, ``ProcessExited`` once the process is reaped.
+through the supervisor's callback (see ``router.shell.processes``): ``ReplicaReady`` once /health answers
+200, ``LoadFailed`` when it does not within the load timeout, ``ReplicaUnresponsive`` when a ready replica
+goes silent for ``hang_timeout``, and always, last, ``ReplicaExited`` once the process is reaped.
 
 Where the task stands is one :class:`ProcessPhase`; what may happen in each phase, and the phase it leads
 to, is the table ``MOVES`` (keyed by the phase and what :class:`Happened`, as h11's ``_state.py`` keeps its
@@ -30,18 +30,9 @@ import trio
 from router.shell.child import Child, describe_os_error, describe_returncode, launch
 from router.shell.kv_slots import restore_into, restore_others, save_slots
 from router.shell.logring import LineSplitter, quote_lines
-from router.shell.processes import (
-    LaunchSpec,
-    ProcessExited,
-    ProcessKv,
-    ProcessLoadFailed,
-    ProcessReady,
-    ProcessUnresponsive,
-    ReplicaProcessInfo,
-    Report,
-    SupervisorEvent,
-)
+from router.shell.processes import LaunchSpec, ReplicaKv, ReplicaProcessInfo, Report, SupervisorEvent
 from router.shell.replica_logs import ReplicaLogFile, ReplicaLogs
+from statemachine.events import LoadFailed, ReplicaExited, ReplicaReady, ReplicaUnresponsive
 
 __all__ = ["MOVES", "Happened", "ProcessPhase", "ReplicaTask", "ReplicaTaskFault", "next_phase"]
 
@@ -209,7 +200,7 @@ class ReplicaTask:
     # ---- the task ----------------------------------------------------------------------------------
 
     async def run(self, http: httpx.AsyncHTTPTransport) -> None:
-        """Start the process and see it through to its reaping; reports ``ProcessExited`` last."""
+        """Start the process and see it through to its reaping; reports ``ReplicaExited`` last."""
         spec = self.spec
         if self.phase is not ProcessPhase.PENDING:  # stopped before it started
             self._move(Happened.EXITED)
@@ -282,11 +273,15 @@ class ReplicaTask:
         if self.phase is ProcessPhase.SAVING and kv is not None:
             spec = self.spec
             result = await save_slots(http, spec.port, kv.store, kv.shelf, spec.replica_id, kv.timeout)
-            self._emit(ProcessKv(self.spec.replica_id, result))
+            self._emit(ReplicaKv(self.spec.replica_id, result))
+            if self.phase is not ProcessPhase.SAVING:
+                return  # it exited while saving, seen in the same step as the save's end: nothing to stop
             self._move(Happened.SAVED)
         self.logger.info("[%s] stopping pid %d: %s", self.label, child.pid, self.stop_reason)
         child.signal_group(signal.SIGTERM)
         await trio.sleep(self.spec.stop_timeout)
+        if self.phase is ProcessPhase.EXITED:
+            return  # it exited in the same step as the timer ran out
         self.logger.warning(
             "[%s] pid %d still running %g s after SIGTERM; sending SIGKILL",
             self.label,
@@ -344,7 +339,7 @@ class ReplicaTask:
                         self.logger.info(
                             "[%s] ready after %.1f s", self.label, trio.current_time() - self.started_clock
                         )
-                        self._emit(ProcessReady(spec.replica_id))
+                        self._emit(ReplicaReady(spec.replica_id))
                         await self._restore_others(http, restored)
                         await self._watch_ready(http, url)
                     return
@@ -359,7 +354,7 @@ class ReplicaTask:
             f"log: {quote_lines(self.log)}"
         )
         self.logger.error("[%s] %s", self.label, reason)
-        self._emit(ProcessLoadFailed(spec.replica_id, reason))
+        self._emit(LoadFailed(spec.replica_id, reason))
         if self.phase is ProcessPhase.LOADING:  # the report's reader may have stopped it already
             self._begin_stop(Happened.LOAD_FAILED, reason)
 
@@ -371,7 +366,7 @@ class ReplicaTask:
             return None
         result = await restore_into(http, self.spec.port, kv.store, kv.shelf, kv.probe, kv.timeout)
         if result.outcome != "empty":
-            self._emit(ProcessKv(self.spec.replica_id, result))
+            self._emit(ReplicaKv(self.spec.replica_id, result))
         return result.detail if result.outcome == "restored" else None
 
     async def _restore_others(self, http: httpx.AsyncHTTPTransport, restored: str | None) -> None:
@@ -380,7 +375,7 @@ class ReplicaTask:
         if kv is None or self.phase is not ProcessPhase.READY:
             return
         for result in await restore_others(http, self.spec.port, kv.store, kv.shelf, restored, kv.timeout):
-            self._emit(ProcessKv(self.spec.replica_id, result))
+            self._emit(ReplicaKv(self.spec.replica_id, result))
 
     async def _watch_ready(self, http: httpx.AsyncHTTPTransport, url: str) -> None:
         """Probe a ready replica's /health; one that answers nothing (any status counts as an answer) for
@@ -403,7 +398,7 @@ class ReplicaTask:
                 self._begin_stop(Happened.UNRESPONSIVE, f"not responding: {reason}")
                 if self.child is not None:
                     self.child.signal_group(signal.SIGKILL)  # a stopped or hung process ignores SIGTERM
-                self._emit(ProcessUnresponsive(spec.replica_id, reason))
+                self._emit(ReplicaUnresponsive(spec.replica_id, reason))
                 return
             else:
                 last_answer = trio.current_time()
@@ -439,8 +434,7 @@ class ReplicaTask:
             self.logger.info("[%s] exited (%s): %s", self.label, describe_returncode(returncode), reason)
         else:
             self.logger.warning("[%s] %s", self.label, reason)
-        asked = self.stop_reason is not None
-        self._emit(ProcessExited(self.spec.replica_id, returncode, not self.ever_ready, reason, asked))
+        self._emit(ReplicaExited(self.spec.replica_id, reason))
 
     def _emit(self, event: SupervisorEvent) -> None:
         try:

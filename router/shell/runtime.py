@@ -34,12 +34,8 @@ from router.shell.peers import PeerDirectory
 from router.shell.ports import free_port
 from router.shell.processes import (
     LaunchSpec,
-    ProcessExited,
-    ProcessKv,
-    ProcessLoadFailed,
-    ProcessReady,
     ProcessSupervisor,
-    ProcessUnresponsive,
+    ReplicaKv,
     SupervisorEvent,
     SupervisorFactory,
 )
@@ -312,12 +308,7 @@ class Router:
                 if ticket is None:
                     return
                 log.info(
-                    "refused request %d for %s: %d %s: %s",
-                    rid,
-                    ticket.target,
-                    command.status,
-                    command.code,
-                    command.message,
+                    "refused request %d for %s: %s: %s", rid, ticket.target, command.code, command.message
                 )
                 ticket.rejected(command)
             case Spawn():
@@ -405,25 +396,28 @@ class Router:
 
     def _from_supervisor(self, report: SupervisorEvent) -> None:
         match report:
-            case ProcessReady(replica_id=replica):
+            case ReplicaReady(replica=replica):
                 self.happenings.note(
                     HappeningKind.READY, self._model_of(replica), replica, "answered /health"
                 )
-                self.submit(ReplicaReady(replica))
-            case ProcessLoadFailed(replica_id=replica, reason=reason):
+                self.submit(report)
+            case LoadFailed(replica=replica, reason=reason):
                 self.happenings.note(HappeningKind.LOAD_FAILED, self._model_of(replica), replica, reason)
-                self.submit(LoadFailed(replica, reason))
-            case ProcessUnresponsive(replica_id=replica, reason=reason):
+                self.submit(report)
+            case ReplicaUnresponsive(replica=replica, reason=reason):
                 self.happenings.note(HappeningKind.UNRESPONSIVE, self._model_of(replica), replica, reason)
-                self.submit(ReplicaUnresponsive(replica, reason))
-            case ProcessKv(replica_id=replica, result=result):
+                self.submit(report)
+            case ReplicaKv(replica=replica, result=result):
                 kind = HappeningKind.KV_SAVE if result.action is KvAction.SAVE else HappeningKind.KV_RESTORE
                 self.happenings.note(kind, self._model_of(replica), replica, describe_kv(result), kv=result)
-            case ProcessExited(replica_id=replica, reason=reason, during_load=during_load, asked=asked):
+            case ReplicaExited(replica=replica, reason=reason):
+                info = self.supervisor.info(replica)  # current: the report is made before the task retires
+                asked = info is not None and info.stop_reason is not None
+                during_load = info is None or not info.ready
                 kind = HappeningKind.LOAD_FAILED if during_load and not asked else HappeningKind.EXITED
                 self.happenings.note(kind, self._model_of(replica), replica, reason, asked=asked)
                 self.ports.pop(replica, None)
-                self.submit(ReplicaExited(replica, reason))
+                self.submit(report)
 
     def _model_of(self, replica: int) -> str:
         found = queries.find_replica(self.state, replica)

@@ -28,6 +28,7 @@ from statemachine import (
     Forward,
     PeerFailed,
     Reject,
+    RejectCode,
     RequestArrived,
     RequestFinished,
 )
@@ -157,7 +158,7 @@ class Ticket:
         the scheduler answered the last refusal with the replica's exit (it saw the exit first), which does
         not count as one more refusal."""
         self._move("refused")
-        exited = self.rejection is not None and self.rejection.code == "replica_exited"
+        exited = self.rejection is not None and self.rejection.code is RejectCode.REPLICA_EXITED
         if not (self.rejection is None or exited) or (self.refusals >= REDISPATCHES and not again):
             return False
         self.refusals += 0 if again else 1
@@ -218,8 +219,8 @@ def record_of(ticket: Ticket, *, completed: bool, now: float | None = None) -> R
             error = error or text
             if code is not None and code >= 400 and (status is None or status < 400):
                 status = code
-    if ticket.rejection is not None:
-        status, error = ticket.rejection.status, ticket.rejection.message
+    if ticket.rejection is not None:  # its handler recorded the status it answered with (router.http.errors)
+        error = ticket.rejection.message
     if not completed and (status is None or status < 400):
         status, error = CLIENT_CLOSED, "the client closed the connection before the reply ended"
     if status is None:

@@ -16,6 +16,7 @@ from statemachine import (
     Policy,
     PoolSpec,
     Reject,
+    RejectCode,
     ReplicaExited,
     ReplicaReady,
     ReplicaUnresponsive,
@@ -46,8 +47,7 @@ def test_a_model_pinned_models_leave_no_room_for_is_refused_at_once() -> None:
                 [
                     Reject(
                         1,
-                        503,
-                        "model_unavailable",
+                        RejectCode.MODEL_UNAVAILABLE,
                         "model 'big' cannot be loaded on GPU 0: " + pinned.format("big"),
                     )
                 ],
@@ -57,8 +57,7 @@ def test_a_model_pinned_models_leave_no_room_for_is_refused_at_once() -> None:
                 [
                     Reject(
                         2,
-                        503,
-                        "model_unavailable",
+                        RejectCode.MODEL_UNAVAILABLE,
                         "model 'b' cannot be loaded on GPU 0: " + pinned.format("b"),
                     )
                 ],
@@ -77,7 +76,7 @@ def test_a_model_bigger_than_its_gpu_is_refused_at_once() -> None:
         [
             (
                 RequestArrived(1, "big"),
-                [Reject(1, 503, "model_unavailable", f"model 'big' cannot be loaded on GPU 0: {budget}")],
+                [Reject(1, RejectCode.MODEL_UNAVAILABLE, f"model 'big' cannot be loaded on GPU 0: {budget}")],
             ),
         ],
     )
@@ -105,14 +104,14 @@ def test_unknown_target_is_404_and_too_long_is_400_with_both_numbers() -> None:
         message = (
             f"the request needs {tokens} tokens but the largest per-slot context of '{target}' is 4096 {hint}"
         )
-        return Reject(rid, 400, "context_length_exceeded", message)
+        return Reject(rid, RejectCode.CONTEXT_LENGTH_EXCEEDED, message)
 
     play(
         settings,
         [
             (
                 RequestArrived(1, "zzz"),
-                [Reject(1, 404, "model_not_found", "model 'zzz' is not served here; known models: a, p")],
+                [Reject(1, RejectCode.MODEL_NOT_FOUND, "model 'zzz' is not served here; known models: a, p")],
             ),
             (RequestArrived(2, "a", tokens=5000), [too_long(2, 5000, "a")]),
             (RequestArrived(3, "p", tokens=4097), [too_long(3, 4097, "p")]),
@@ -129,7 +128,7 @@ def test_full_queue_rejects_with_503() -> None:
         Settings(models=[ModelSpec("a")], policy=Policy(queue_limit=1)),
         [
             (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
-            (RequestArrived(2, "a"), [Reject(2, 503, "queue_full", full)]),
+            (RequestArrived(2, "a"), [Reject(2, RejectCode.QUEUE_FULL, full)]),
         ],
     )
 
@@ -140,12 +139,15 @@ def test_queue_limit_zero_serves_only_what_can_go_at_once() -> None:
     play(
         Settings(models=[ModelSpec("a", load_on_startup=True)], policy=Policy(queue_limit=0)),
         [
-            (RequestArrived(1, "a"), [Reject(1, 503, "queue_full", full)]),  # nothing loaded, no load started
+            (
+                RequestArrived(1, "a"),
+                [Reject(1, RejectCode.QUEUE_FULL, full)],
+            ),  # nothing loaded, no load started
             (Startup(), [Spawn(1, "a", (0,), "load on startup")]),
-            (RequestArrived(2, "a"), [Reject(2, 503, "queue_full", full)]),
+            (RequestArrived(2, "a"), [Reject(2, RejectCode.QUEUE_FULL, full)]),
             (ReplicaReady(1), []),
             (RequestArrived(3, "a"), [Dispatch(3, 1, "a")]),
-            (RequestArrived(4, "a"), [Reject(4, 503, "queue_full", full)]),
+            (RequestArrived(4, "a"), [Reject(4, RejectCode.QUEUE_FULL, full)]),
         ],
     )
 
@@ -163,7 +165,7 @@ def test_pool_queue_has_its_own_limit() -> None:
         settings,
         [
             (RequestArrived(1, "p"), [spawn(1, "a", 1, "p")]),
-            (RequestArrived(2, "p"), [Reject(2, 503, "queue_full", busy)]),
+            (RequestArrived(2, "p"), [Reject(2, RejectCode.QUEUE_FULL, busy)]),
             (RequestArrived(3, "a"), []),
         ],
     )
@@ -178,7 +180,7 @@ def test_crash_fails_in_flight_requests_and_the_next_request_reloads() -> None:
         [
             (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
             (ReplicaReady(1), [Dispatch(1, 1, "a")]),
-            (ReplicaExited(1, "segfault"), [Reject(1, 502, "replica_exited", exited)]),
+            (ReplicaExited(1, "segfault"), [Reject(1, RejectCode.REPLICA_EXITED, exited)]),
             (RequestArrived(2, "a"), [spawn(2, "a", 2)]),
         ],
     )
@@ -202,7 +204,7 @@ def test_an_unresponsive_replica_is_killed_at_once_and_the_next_request_reloads(
                 ],
             ),
             (ReplicaUnresponsive(1, "no answer to /health for 40 s"), []),
-            (ReplicaExited(1, "killed"), [Reject(1, 502, "replica_exited", exited)]),
+            (ReplicaExited(1, "killed"), [Reject(1, RejectCode.REPLICA_EXITED, exited)]),
             (ReplicaReady(2), [Dispatch(2, 2, "a")]),
         ],
     )
@@ -227,8 +229,8 @@ def test_load_failure_rejects_the_waiters_of_that_model_at_once() -> None:
                 LoadFailed(1, "no /health after 600 s"),
                 [
                     Kill(1, "a", "load failed: no /health after 600 s", KillCause.LOAD_FAILED),
-                    Reject(1, 503, "load_failed", failed),
-                    Reject(2, 503, "load_failed", failed),
+                    Reject(1, RejectCode.LOAD_FAILED, failed),
+                    Reject(2, RejectCode.LOAD_FAILED, failed),
                     spawn(3, "a", 3, "p"),
                 ],
             ),
@@ -268,7 +270,7 @@ def test_loads_that_keep_failing_do_not_chase_each_other() -> None:
                 LoadFailed(2, "bad flag"),
                 [
                     Kill(2, "a", "load failed: bad flag", KillCause.LOAD_FAILED),
-                    Reject(1, 503, "load_failed", why),
+                    Reject(1, RejectCode.LOAD_FAILED, why),
                 ],
             ),
             (ReplicaExited(2, "stopped"), []),
@@ -305,7 +307,9 @@ def test_the_failing_mark_ends_when_no_replica_is_live_so_a_fresh_start_may_grow
                 ReplicaExited(2, "crashed"),
                 [
                     Reject(
-                        1, 502, "replica_exited", "the replica of 'a' serving this request exited: crashed"
+                        1,
+                        RejectCode.REPLICA_EXITED,
+                        "the replica of 'a' serving this request exited: crashed",
                     ),
                     spawn(4, "a", 2),
                 ],
@@ -369,8 +373,8 @@ def test_a_model_pinned_residents_leave_no_room_for_is_refused_with_the_pinned_o
             (Startup(), [Spawn(1, "p", (0,), "load on startup"), Spawn(2, "q", (1,), "load on startup")]),
             (ReplicaReady(1), []),
             (ReplicaReady(2), []),
-            (RequestArrived(1, "x"), [Reject(1, 503, "model_unavailable", message)]),
-            (RequestArrived(2, "xy"), [Reject(2, 503, "model_unavailable", message)]),
+            (RequestArrived(1, "x"), [Reject(1, RejectCode.MODEL_UNAVAILABLE, message)]),
+            (RequestArrived(2, "xy"), [Reject(2, RejectCode.MODEL_UNAVAILABLE, message)]),
         ],
     )
 
@@ -394,7 +398,7 @@ def test_a_model_too_big_beside_the_pinned_ones_is_refused_for_memory() -> None:
         [
             (Startup(), [Spawn(1, "r", (1,), "load on startup")]),
             (ReplicaReady(1), []),
-            (RequestArrived(1, "big"), [Reject(1, 503, "model_unavailable", message)]),
+            (RequestArrived(1, "big"), [Reject(1, RejectCode.MODEL_UNAVAILABLE, message)]),
         ],
     )
 
@@ -418,7 +422,7 @@ def test_too_long_for_every_pool_member_names_the_largest_context() -> None:
     )
     play(
         settings,
-        [(RequestArrived(1, "p", tokens=9000), [Reject(1, 400, "context_length_exceeded", message)])],
+        [(RequestArrived(1, "p", tokens=9000), [Reject(1, RejectCode.CONTEXT_LENGTH_EXCEEDED, message)])],
     )
 
 
@@ -466,7 +470,7 @@ def test_a_target_whose_every_candidate_is_refused_is_answered_with_the_refusals
     play(
         settings,
         [
-            (RequestArrived(1, "a"), [Reject(1, 503, "model_unavailable", too_big)]),
-            (RequestArrived(2, "p"), [Reject(2, 503, "model_unavailable", f"{too_big}; {row_split}")]),
+            (RequestArrived(1, "a"), [Reject(1, RejectCode.MODEL_UNAVAILABLE, too_big)]),
+            (RequestArrived(2, "p"), [Reject(2, RejectCode.MODEL_UNAVAILABLE, f"{too_big}; {row_split}")]),
         ],
     )

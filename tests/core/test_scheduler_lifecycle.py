@@ -18,6 +18,7 @@ from statemachine import (
     ModelSpec,
     Policy,
     Reject,
+    RejectCode,
     ReplicaExited,
     ReplicaReady,
     RequestArrived,
@@ -55,7 +56,7 @@ def test_unload_drains_busy_replicas_and_force_kills_them() -> None:
                 [Kill(2, "b", "unload requested (forced)", KillCause.UNLOADED)],
             ),
             (ReplicaExited(1, "killed"), []),
-            (ReplicaExited(2, "killed"), [Reject(2, 502, "replica_exited", exited)]),
+            (ReplicaExited(2, "killed"), [Reject(2, RejectCode.REPLICA_EXITED, exited)]),
         ],
     )
 
@@ -118,11 +119,11 @@ def test_reload_removing_a_model_answers_its_waiters_and_drains_it() -> None:
             (RequestArrived(3, "b"), []),
             (
                 SettingsChanged(new, frozenset({"b"})),
-                [Reject(3, 404, "model_not_found", removed)],
+                [Reject(3, RejectCode.MODEL_NOT_FOUND, removed)],
             ),
             (
                 RequestArrived(4, "b"),
-                [Reject(4, 404, "model_not_found", "model 'b' is not served here; known models: a")],
+                [Reject(4, RejectCode.MODEL_NOT_FOUND, "model 'b' is not served here; known models: a")],
             ),
             (RequestFinished(1), [Kill(1, "b", "unloaded", KillCause.DRAINED)]),
             (ReplicaExited(1, "killed"), []),
@@ -132,7 +133,7 @@ def test_reload_removing_a_model_answers_its_waiters_and_drains_it() -> None:
                     Kill(
                         2, "a", "removed from the configuration", KillCause.RELOAD
                     ),  # idle (still loading): killed at once
-                    Reject(2, 404, "model_not_found", removed.replace("'b'", "'a'")),
+                    Reject(2, RejectCode.MODEL_NOT_FOUND, removed.replace("'b'", "'a'")),
                 ],
             ),
         ],
@@ -163,7 +164,7 @@ def test_shutdown_rejects_waiters_lets_work_finish_until_the_deadline() -> None:
             (Tick(5.0), []),
             (Tick(10.0), [Kill(1, "a", "router shutdown deadline reached", KillCause.DEADLINE)]),
             (ReplicaExited(2, "killed"), []),
-            (ReplicaExited(1, "killed"), [Reject(1, 502, "replica_exited", exited), Stopped()]),
+            (ReplicaExited(1, "killed"), [Reject(1, RejectCode.REPLICA_EXITED, exited), Stopped()]),
         ],
     )
 
@@ -195,7 +196,7 @@ def test_a_second_earlier_shutdown_deadline_wins() -> None:
             (ShutdownRequested(10.0), [WakeAt(10.0)]),
             (ShutdownRequested(20.0), []),
             (Tick(10.0), [Kill(1, "a", "router shutdown deadline reached", KillCause.DEADLINE)]),
-            (ReplicaExited(1, "killed"), [Reject(1, 502, "replica_exited", exited), Stopped()]),
+            (ReplicaExited(1, "killed"), [Reject(1, RejectCode.REPLICA_EXITED, exited), Stopped()]),
         ],
     )
 

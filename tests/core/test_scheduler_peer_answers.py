@@ -4,8 +4,8 @@ failed it.
 - a request from another router (``local_only``) is answered ``508 loop_detected`` only when peer models
   are all that could serve it; one that loses its local candidates gets ``503 model_unavailable``;
 - every code a request may get because of peers: ``508 loop_detected``, ``502 peer_failed`` (a peer failed
-  it and nothing else is left), ``503 model_unavailable`` (its peers are down), and each status a
-  ``PeerFailed`` can carry (the peer's own 5xx, else 502; ``peer_unreachable`` or ``peer_failed``);
+  it and nothing else is left), ``503 model_unavailable`` (its peers are down), and the status a
+  ``PeerFailed`` carries passed on with ``peer_unreachable`` or ``peer_failed``;
 - after ``PeerFailed``: a direct request is answered, a pooled one waits again for what is left, and one
   whose model or pool a reload removed while it was at the peer is answered with the peer's failure;
   while shutting down it is answered ``shutting_down``; for a request no peer holds it is illegal;
@@ -34,6 +34,7 @@ from statemachine import (
     PeerState,
     PoolSpec,
     Reject,
+    RejectCode,
     ReplicaReady,
     RequestArrived,
     RequestFinished,
@@ -92,8 +93,11 @@ def test_a_local_only_request_is_refused_as_a_loop_only_when_peers_are_all_that_
         [
             *_READY,
             # On arrival: with a peer model only, 508; with a local candidate, it is served here.
-            (RequestArrived(1, "far", local_only=True), [Reject(1, 508, "loop_detected", _loop("far"))]),
-            (RequestArrived(2, "both", local_only=True), [Reject(2, 508, "loop_detected", _loop("both"))]),
+            (RequestArrived(1, "far", local_only=True), [Reject(1, RejectCode.LOOP_DETECTED, _loop("far"))]),
+            (
+                RequestArrived(2, "both", local_only=True),
+                [Reject(2, RejectCode.LOOP_DETECTED, _loop("both"))],
+            ),
             (RequestArrived(3, "near", local_only=True), [Dispatch(3, 1, "near")]),
             (RequestArrived(4, "near", local_only=True), []),
             (RequestArrived(5, "near"), []),
@@ -105,9 +109,9 @@ def test_a_local_only_request_is_refused_as_a_loop_only_when_peers_are_all_that_
             (
                 SettingsChanged(refused),
                 [
-                    Reject(4, 503, "model_unavailable", NOBODY),
-                    Reject(5, 503, "model_unavailable", NOBODY),
-                    Reject(6, 508, "loop_detected", _loop("auto")),
+                    Reject(4, RejectCode.MODEL_UNAVAILABLE, NOBODY),
+                    Reject(5, RejectCode.MODEL_UNAVAILABLE, NOBODY),
+                    Reject(6, RejectCode.LOOP_DETECTED, _loop("auto")),
                     Forward(7, "box", "far"),
                 ],
             ),
@@ -143,7 +147,11 @@ def test_a_pooled_request_a_peer_failed_is_answered_502_once_its_other_peer_goes
             # wide's peer goes down: 2 has nothing left and a peer failed it (502); 3, still at far, stays.
             (
                 PeerState("cloud", up=False, reason="no answer within 5 s"),
-                [Reject(2, 502, "peer_failed", "the peer serving 'far' failed this request; retry later")],
+                [
+                    Reject(
+                        2, RejectCode.PEER_FAILED, "the peer serving 'far' failed this request; retry later"
+                    )
+                ],
             ),
             (RequestFinished(3), []),
         ],
@@ -170,40 +178,41 @@ def test_a_pooled_request_whose_peers_are_down_is_answered_503_and_one_a_peer_fa
             (
                 PeerState("cloud", up=False, reason="no answer"),
                 [
-                    Reject(2, 502, "peer_failed", "the peer serving 'far' failed this request; retry later"),
-                    Reject(3, 502, "peer_failed", "the peer serving 'far' failed this request; retry later"),
-                    Reject(4, 503, "model_unavailable", down),
+                    Reject(
+                        2, RejectCode.PEER_FAILED, "the peer serving 'far' failed this request; retry later"
+                    ),
+                    Reject(
+                        3, RejectCode.PEER_FAILED, "the peer serving 'far' failed this request; retry later"
+                    ),
+                    Reject(4, RejectCode.MODEL_UNAVAILABLE, down),
                 ],
             ),
-            (RequestArrived(5, "both"), [Reject(5, 503, "model_unavailable", down)]),
+            (RequestArrived(5, "both"), [Reject(5, RejectCode.MODEL_UNAVAILABLE, down)]),
         ],
     )
 
 
 @pytest.mark.parametrize(
-    ("status", "down", "answer", "code"),
+    ("status", "down", "code"),
     [
-        (None, True, 502, "peer_unreachable"),
-        (None, False, 502, "peer_failed"),
-        (503, True, 503, "peer_unreachable"),
-        (500, False, 500, "peer_failed"),
-        (504, False, 504, "peer_failed"),
-        (499, False, 502, "peer_failed"),
-        (429, False, 502, "peer_failed"),
-        (404, True, 502, "peer_unreachable"),
+        (None, True, RejectCode.PEER_UNREACHABLE),
+        (None, False, RejectCode.PEER_FAILED),
+        (503, True, RejectCode.PEER_UNREACHABLE),
+        (500, False, RejectCode.PEER_FAILED),
+        (429, False, RejectCode.PEER_FAILED),
     ],
 )
-def test_a_direct_request_a_peer_failed_gets_its_5xx_or_502(
-    status: int | None, down: bool, answer: int, code: str
+def test_a_direct_request_a_peer_failed_gets_the_peers_failure_and_status(
+    status: int | None, down: bool, code: RejectCode
 ) -> None:
-    # checks: INV-PEER-FALLBACK
+    # checks: INV-PEER-FALLBACK (the status answered for peer_status is router.http.errors' choice)
     play(
         _settings(),
         [
             (RequestArrived(1, "far"), [Forward(1, "box", "far")]),
             (
                 PeerFailed(1, "it said no", down=down, status=status),
-                [Reject(1, answer, code, _failed("far", "it said no"))],
+                [Reject(1, code, _failed("far", "it said no"), peer_status=status)],
             ),
         ],
     )
@@ -223,7 +232,7 @@ def test_after_a_peer_failure_a_model_is_answered_and_a_pool_falls_back_in_its_p
             # The direct request is answered; the pooled one waits for near, ahead of 4 (it came first).
             (
                 PeerFailed(2, "answered 502", status=502),
-                [Reject(2, 502, "peer_failed", _failed("far", "answered 502"))],
+                [Reject(2, RejectCode.PEER_FAILED, _failed("far", "answered 502"), peer_status=502)],
             ),
             (PeerFailed(3, "answered 503", status=503), []),
             (RequestFinished(1), [Dispatch(3, 1, "near")]),
@@ -247,11 +256,11 @@ def test_after_a_peer_failure_a_target_a_reload_removed_is_answered_with_the_fai
             # Their targets are gone: neither waits again (not even 2 for near, a member of its old pool).
             (
                 PeerFailed(2, "connection reset", down=True),
-                [Reject(2, 502, "peer_unreachable", _failed("far", "connection reset"))],
+                [Reject(2, RejectCode.PEER_UNREACHABLE, _failed("far", "connection reset"))],
             ),
             (
                 PeerFailed(3, "answered 500: boom", status=500),
-                [Reject(3, 500, "peer_failed", _failed("far", "answered 500: boom"))],
+                [Reject(3, RejectCode.PEER_FAILED, _failed("far", "answered 500: boom"), peer_status=500)],
             ),
             (RequestFinished(1), []),
         ],
@@ -281,7 +290,7 @@ def test_a_pool_whose_peer_members_have_not_joined_yet_is_answered_503() -> None
     later = "no member of 'later' is served now (a peer's model joins once its peer answers)"
     play(
         Settings(models=[ModelSpec("near")], pools=[PoolSpec("later", (), fallback=True)]),
-        [(RequestArrived(1, "later"), [Reject(1, 503, "model_unavailable", later)])],
+        [(RequestArrived(1, "later"), [Reject(1, RejectCode.MODEL_UNAVAILABLE, later)])],
     )
 
 
@@ -294,7 +303,10 @@ def test_a_peer_failure_while_shutting_down_is_answered_shutting_down() -> None:
             (ShutdownRequested(30.0), [WakeAt(30.0)]),
             (
                 PeerFailed(1, "connection refused", down=True, status=503),
-                [Reject(1, 503, "shutting_down", "the router is shutting down; retry shortly"), Stopped()],
+                [
+                    Reject(1, RejectCode.SHUTTING_DOWN, "the router is shutting down; retry shortly"),
+                    Stopped(),
+                ],
             ),
         ],
     )
@@ -317,7 +329,7 @@ def test_a_peer_failure_for_a_request_no_peer_holds_is_illegal_and_changes_nothi
         with pytest.raises(IllegalEvent):
             step(state, PeerFailed(rid, "connection refused", down=True))
     _, commands = step(state, PeerFailed(3, "connection refused", down=True))
-    assert commands == (Reject(3, 502, "peer_unreachable", _failed("far", "connection refused")),)
+    assert commands == (Reject(3, RejectCode.PEER_UNREACHABLE, _failed("far", "connection refused")),)
 
 
 def test_a_pool_whose_peer_member_is_at_its_limit_loads_its_local_member() -> None:
@@ -353,7 +365,7 @@ def test_a_reload_forgets_a_removed_peer_being_down_and_keeps_the_others_down() 
             (PeerState("box", up=False, reason="connection refused"), []),
             (PeerState("cloud", up=False, reason="no answer"), []),
             (SettingsChanged(without_box), []),
-            (RequestArrived(1, "wide"), [Reject(1, 503, "model_unavailable", down)]),
+            (RequestArrived(1, "wide"), [Reject(1, RejectCode.MODEL_UNAVAILABLE, down)]),
         ],
     )
     assert state.peers_down == {"cloud": "no answer"}

@@ -17,6 +17,7 @@ from statemachine import (
     Policy,
     PoolSpec,
     Reject,
+    RejectCode,
     ReplicaReady,
     RequestArrived,
     RequestFinished,
@@ -70,8 +71,7 @@ def test_waiting_for_a_peer_counts_against_the_queue_limit() -> None:
                 [
                     Reject(
                         3,
-                        503,
-                        "queue_full",
+                        RejectCode.QUEUE_FULL,
                         "the queue is full (1 requests waiting, queue_limit = 1); retry later",
                     )
                 ],
@@ -141,17 +141,26 @@ def test_a_direct_request_gets_the_peer_failure_and_a_down_peer_refuses_at_once(
             (
                 PeerFailed(1, "connection refused", down=True),
                 [
-                    Reject(1, 502, "peer_unreachable", "peer 'box' serving 'far' failed: connection refused"),
-                    Reject(3, 503, "model_unavailable", down),
+                    Reject(
+                        1, RejectCode.PEER_UNREACHABLE, "peer 'box' serving 'far' failed: connection refused"
+                    ),
+                    Reject(3, RejectCode.MODEL_UNAVAILABLE, down),
                 ],
             ),
-            (RequestArrived(4, "far"), [Reject(4, 503, "model_unavailable", down)]),
+            (RequestArrived(4, "far"), [Reject(4, RejectCode.MODEL_UNAVAILABLE, down)]),
             (RequestFinished(2), []),
             (PeerState("box", up=True), []),
             (RequestArrived(5, "far"), [Forward(5, "box", "far")]),
             (
                 PeerFailed(5, "answered 500: boom", status=500),
-                [Reject(5, 500, "peer_failed", "peer 'box' serving 'far' failed: answered 500: boom")],
+                [
+                    Reject(
+                        5,
+                        RejectCode.PEER_FAILED,
+                        "peer 'box' serving 'far' failed: answered 500: boom",
+                        peer_status=500,
+                    )
+                ],
             ),
         ],
     )
@@ -184,7 +193,7 @@ def test_a_request_from_another_router_is_never_forwarded_again() -> None:
         _settings(),
         [
             *_READY,
-            (RequestArrived(1, "far", local_only=True), [Reject(1, 508, "loop_detected", loop)]),
+            (RequestArrived(1, "far", local_only=True), [Reject(1, RejectCode.LOOP_DETECTED, loop)]),
             (RequestArrived(2, "auto", local_only=True), [Dispatch(2, 1, "near")]),
             (RequestArrived(3, "auto", local_only=True), []),  # waits for near, never goes to the peer
             (RequestFinished(2), [Dispatch(3, 1, "near")]),
@@ -203,7 +212,7 @@ def test_shutdown_waits_for_forwarded_requests_until_the_deadline() -> None:
             (RequestFinished(1), []),
             (
                 Tick(10.0),
-                [Reject(2, 503, "shutting_down", "router shutdown deadline reached"), Stopped()],
+                [Reject(2, RejectCode.SHUTTING_DOWN, "router shutdown deadline reached"), Stopped()],
             ),
         ],
     )

@@ -17,6 +17,7 @@ from statemachine import (
     Policy,
     PoolSpec,
     Reject,
+    RejectCode,
     ReplicaExited,
     ReplicaReady,
     RequestArrived,
@@ -66,11 +67,11 @@ def test_a_reload_that_leaves_no_candidate_answers_a_refused_dispatch() -> None:
             (RequestArrived(1, "p"), [spawn(1, "a", 1, "p")]),
             (ReplicaReady(1), [Dispatch(1, 1, "a")]),
             (RequestArrived(2, "p"), []),
-            (SettingsChanged(new), [Reject(2, 503, "model_unavailable", unavailable)]),
+            (SettingsChanged(new), [Reject(2, RejectCode.MODEL_UNAVAILABLE, unavailable)]),
             (
                 DispatchFailed(1, "connection refused"),
                 [
-                    Reject(1, 503, "model_unavailable", unavailable),
+                    Reject(1, RejectCode.MODEL_UNAVAILABLE, unavailable),
                     Kill(1, "a", "unloaded", KillCause.DRAINED),
                 ],
             ),
@@ -107,7 +108,7 @@ def test_a_refused_dispatch_while_shutting_down_or_after_removal_is_answered() -
             (SettingsChanged(Settings(models=[ModelSpec("a")]), frozenset({"b"})), []),
             (
                 DispatchFailed(2, "connection refused"),
-                [Reject(2, 404, "model_not_found", removed), Kill(2, "b", "unloaded", KillCause.DRAINED)],
+                [Reject(2, RejectCode.MODEL_NOT_FOUND, removed), Kill(2, "b", "unloaded", KillCause.DRAINED)],
             ),
         ],
     )
@@ -150,7 +151,7 @@ def test_a_refused_dispatch_of_a_removed_pool_still_drains_the_replica_that_refu
             (SettingsChanged(Settings(models=[ModelSpec("a", slots=2)])), []),
             (
                 DispatchFailed(1, "connection refused"),
-                [Reject(1, 404, "model_not_found", removed), Kill(1, "a", "unloaded", KillCause.DRAINED)],
+                [Reject(1, RejectCode.MODEL_NOT_FOUND, removed), Kill(1, "a", "unloaded", KillCause.DRAINED)],
             ),
             (RequestArrived(2, "a"), [spawn(2, "a", 2)]),
             (ReplicaExited(1, "killed"), []),

@@ -10,6 +10,7 @@ import trio.testing
 
 from router.placement.readings import GpuReading, ProcessUse
 from router.placement.synthetic import SyntheticModel
+from statemachine import RejectCode
 from tests.support.fake_supervisor import FakeGpus, KillCall, ask, owned_router, settle
 from tests.support.simtools import placed_sim_model
 
@@ -108,10 +109,7 @@ async def test_memory_taken_by_others_refuses_the_load_before_any_process_starts
         ticket = ask(router, "small")
         await ticket.decided.wait()
         assert not sup.spawns  # no process was started into an out-of-memory
-        assert ticket.reject is not None and (ticket.reject.status, ticket.reject.code) == (
-            503,
-            "load_failed",
-        )
+        assert ticket.reject is not None and ticket.reject.code is RejectCode.LOAD_FAILED
         assert "not enough GPU memory to start small" in ticket.reject.message
         assert "pid 31337" in ticket.reject.message
         # The scheduler stops the replica it planned; the supervisor has no process to stop.

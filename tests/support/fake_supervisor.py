@@ -31,18 +31,11 @@ from router.hosts.gpu_monitor import GpuMonitor
 from router.hosts.gpu_readers import GpuSource
 from router.placement.readings import GpuReading
 from router.shell.child import describe_returncode
-from router.shell.processes import (
-    LaunchSpec,
-    ProcessExited,
-    ProcessLoadFailed,
-    ProcessReady,
-    ProcessUnresponsive,
-    ReplicaProcessInfo,
-    Report,
-)
+from router.shell.processes import LaunchSpec, ReplicaProcessInfo, Report
 from router.shell.replica_logs import ReplicaLogFile
 from router.shell.runtime import Router
 from router.shell.ticket import Ticket
+from statemachine.events import LoadFailed, ReplicaExited, ReplicaReady, ReplicaUnresponsive
 from tests.support.harness import config_document, with_replica_logs, write_config
 
 _pids = itertools.count(40000)
@@ -138,21 +131,21 @@ class FakeSupervisor:
         proc = self.live(replica_id)
         assert not proc.ready and proc.stop_reason is None
         proc.ready = True
-        self.report(ProcessReady(replica_id))
+        self.report(ReplicaReady(replica_id))
 
     def load_failed(self, replica_id: int, reason: str = "did not answer /health") -> None:
         """The load timed out; the real supervisor stops the process next (``exit`` reports that)."""
         proc = self.live(replica_id)
         assert not proc.ready
         proc.stop_reason = reason
-        self.report(ProcessLoadFailed(replica_id, reason))
+        self.report(LoadFailed(replica_id, reason))
 
     def unresponsive(self, replica_id: int, reason: str = "no answer to /health") -> None:
         """A ready replica went silent; the real supervisor has SIGKILLed it (``exit`` follows)."""
         proc = self.live(replica_id)
         assert proc.ready
         proc.stop_reason = f"not responding: {reason}"
-        self.report(ProcessUnresponsive(replica_id, reason))
+        self.report(ReplicaUnresponsive(replica_id, reason))
 
     def exit(self, replica_id: int, returncode: int | None = 0) -> None:
         """The process was reaped: the last report about it."""
@@ -165,9 +158,7 @@ class FakeSupervisor:
             phase = "after it was ready" if proc.ready else "while loading"
             how = describe_returncode(returncode)
             reason = f"llama-server for {proc.spec.model!r} exited with {how} {phase}"
-        self.report(
-            ProcessExited(replica_id, returncode, not proc.ready, reason, proc.stop_reason is not None)
-        )
+        self.report(ReplicaExited(replica_id, reason))
 
     def exit_killed(self) -> list[int]:
         """Every replica asked to stop exits now (as a well-behaved llama-server does on SIGTERM)."""

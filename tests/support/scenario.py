@@ -14,6 +14,7 @@ from statemachine import (
     ModelSpec,
     Policy,
     Reject,
+    RejectCode,
     Settings,
     Spawn,
     State,
@@ -51,7 +52,7 @@ def evict(replica: int, model: str, new: str, policy: str = "lru", gpus: tuple[i
 
 
 def shutting_down(rid: int) -> Reject:
-    return Reject(rid, 503, "shutting_down", "the router is shutting down; retry shortly")
+    return Reject(rid, RejectCode.SHUTTING_DOWN, "the router is shutting down; retry shortly")
 
 
 def a_b(**policy: object) -> Settings:

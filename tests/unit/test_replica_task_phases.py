@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import itertools
 import logging
+import signal
 from collections import deque
 from pathlib import Path
 from typing import Any
 
+import attrs
 import httpx
 import pytest
 
-from router.shell.processes import KvLaunch, LaunchSpec, ProcessExited, SupervisorEvent
+from router.shell.processes import KvLaunch, LaunchSpec, SupervisorEvent
 from router.shell.replica_task import (
     MOVES,
     Happened,
@@ -21,6 +23,7 @@ from router.shell.replica_task import (
     ReplicaTaskFault,
     next_phase,
 )
+from statemachine.events import ReplicaExited
 
 P, H = ProcessPhase, Happened
 
@@ -138,5 +141,45 @@ async def test_a_task_stopped_before_it_starts_never_starts() -> None:
     t.stop("changed my mind")
     async with httpx.AsyncHTTPTransport() as http:
         await t.run(http)
-    assert reports == [ProcessExited(7, None, True, "stopped: changed my mind", True)]
+    assert reports == [ReplicaExited(7, "stopped: changed my mind")]
     assert t.child is None and t.path == [P.PENDING, P.STOPPING, P.EXITED]
+
+
+class _Exits:
+    """A child whose exit ``run`` sees at the moment a signal reaches it (the signals are recorded)."""
+
+    pid = 4242
+
+    def __init__(self, t: ReplicaTask, on: signal.Signals | None) -> None:
+        self.t, self.on, self.signals = t, on, []  # type: list[signal.Signals]
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        self.signals.append(sig)
+        if sig is self.on:
+            self.t._move(H.EXITED)
+
+
+async def test_an_exit_seen_as_the_save_ends_stops_nothing() -> None:
+    # The process dies while its slots are saved; the save's failure and the exit come in the same step,
+    # and run() takes the exit first: the stopper must not take 'saved' (or signal a reaped child).
+    reports: list[SupervisorEvent] = []
+    t = at(P.READY, kv=True, reports=reports)
+    t.stop("evicted", save=True)
+    child = _Exits(t, None)
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        t._move(H.EXITED)
+        raise httpx.ConnectError("connection refused", request=request)
+
+    await t._stop_when_asked(child, httpx.MockTransport(refuse))  # type: ignore[arg-type]
+    assert t.phase is P.EXITED and child.signals == []
+    assert [type(r).__name__ for r in reports] == ["ReplicaKv"]
+
+
+async def test_an_exit_seen_as_the_stop_timer_ends_sends_no_sigkill() -> None:
+    t = at(P.READY)
+    t.spec = attrs.evolve(t.spec, stop_timeout=0.0)
+    t.stop("evicted")
+    child = _Exits(t, signal.SIGTERM)
+    await t._stop_when_asked(child, httpx.MockTransport(lambda r: httpx.Response(500)))  # type: ignore[arg-type]
+    assert t.phase is P.EXITED and child.signals == [signal.SIGTERM] and not t.sigkilled
