@@ -4,9 +4,10 @@ The cluster: 8 GPUs, 16 models (two per GPU, max_models_per_gpu = 2), 4 replicas
 replicas and 256 slots, all ready and all busy, plus two pools over the models. Behind them wait Q requests
 (for models and pools). The measured mix repeats: a request finishes (its slot goes to the next waiting
 request), a new request arrives (and waits), the clock ticks; the queue stays near Q (the table shows its
-mean). Prints a table and writes outputs/benchmark-step.json.
+mean). With ``--keys K`` the arrivals come from K keys (weights 1–3) in the three priority classes, so each
+target's queue holds up to 3·K lanes. Prints a table and writes outputs/benchmark-step.json.
 
-    python benchmarks/bench_step.py [--events N] [--queues 10,1000,10000]
+    python benchmarks/bench_step.py [--events N] [--queues 10,1000,10000] [--keys 0,100]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from statemachine import (  # noqa: E402
     PoolSpec,
     ReplicaReady,
     RequestArrived,
+    RequestClass,
     RequestFinished,
     Settings,
     Startup,
@@ -48,7 +50,7 @@ REPLICAS = 4
 SLOTS = 4
 
 
-def cluster() -> Settings:
+def cluster(keys: int = 0) -> Settings:
     models = [
         ModelSpec(
             name=f"m{i:02d}",
@@ -67,15 +69,17 @@ def cluster() -> Settings:
     ]
     devices = [DeviceSpec(g, 100_000) for g in range(GPUS)]
     policy = Policy(max_models_per_gpu=2, queue_limit=1_000_000, routing_queue_limit=1_000_000)
-    return Settings(models=models, pools=pools, devices=devices, policy=policy)
+    weights = {f"k{i}": 1 + i % 3 for i in range(keys)}
+    return Settings(models=models, pools=pools, devices=devices, policy=policy, weights=weights)
 
 
 class Driver:
     """Feeds events and keeps the environment's side: which requests are in flight."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, keys: int = 0) -> None:
         self.rng = rng
-        self.settings = cluster()
+        self.keys = keys
+        self.settings = cluster(keys)
         self.state: State = initial_state(self.settings)
         self.targets = [*sorted(self.settings.models), "fast", "big"]
         self.next_rid = 1
@@ -90,7 +94,12 @@ class Driver:
                 self.inflight.append(rid)
 
     def arrival(self) -> Event:
-        event = RequestArrived(self.next_rid, self.rng.choice(self.targets), self.rng.randint(100, 4000))
+        target, tokens = self.rng.choice(self.targets), self.rng.randint(100, 4000)
+        if self.keys:
+            key, klass = f"k{self.rng.randrange(self.keys)}", self.rng.choice(list(RequestClass))
+            event = RequestArrived(self.next_rid, target, tokens, key=key, klass=klass)
+        else:
+            event = RequestArrived(self.next_rid, target, tokens)
         self.next_rid += 1
         return event
 
@@ -116,8 +125,8 @@ class Driver:
         assert busy == MODELS * REPLICAS * SLOTS, busy
 
 
-def measure(queued: int, events: int, seed: int = 7) -> dict[str, object]:
-    driver = Driver(random.Random(seed))
+def measure(queued: int, events: int, keys: int = 0, seed: int = 7) -> dict[str, object]:
+    driver = Driver(random.Random(seed), keys)
     driver.warm_up(queued)
     timings: dict[str, list[float]] = {"RequestFinished": [], "RequestArrived": [], "Tick": []}
     lengths: list[int] = []
@@ -139,6 +148,7 @@ def measure(queued: int, events: int, seed: int = 7) -> dict[str, object]:
     every = [t for ts in timings.values() for t in ts]
     return {
         "queued": queued,
+        "keys": keys,
         "replicas": len(driver.state.replicas),
         "queued_mean": round(statistics.fmean(lengths)),
         "events": len(every),
@@ -153,19 +163,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=3000, help="measured events per queue size")
     parser.add_argument("--queues", default="10,1000,10000", help="comma-separated queue sizes")
+    parser.add_argument("--keys", default="0", help="comma-separated key counts (0: anonymous, one class)")
     parser.add_argument("--out", default=str(ROOT / "outputs" / "benchmark-step.json"))
     args = parser.parse_args()
-    rows = [measure(int(q), args.events) for q in args.queues.split(",")]
+    rows = [
+        measure(int(q), args.events, int(k)) for k in args.keys.split(",") for q in args.queues.split(",")
+    ]
     header = (
-        f"{'queued':>8} {'mean':>6} {'replicas':>8} {'median µs':>10} {'p90 µs':>8} {'events/s':>9}"
-        "  by event (median µs)"
+        f"{'keys':>5} {'queued':>8} {'mean':>6} {'replicas':>8} {'median µs':>10} {'p90 µs':>8} "
+        f"{'events/s':>9}  by event (median µs)"
     )
     print(header)
     for row in rows:
         by = ", ".join(f"{k} {v}" for k, v in row["median_us_by_event"].items())  # type: ignore[union-attr]
         print(
-            f"{row['queued']:>8} {row['queued_mean']:>6} {row['replicas']:>8} {row['median_us']:>10} "
-            f"{row['p90_us']:>8} "
+            f"{row['keys']:>5} {row['queued']:>8} {row['queued_mean']:>6} {row['replicas']:>8} "
+            f"{row['median_us']:>10} {row['p90_us']:>8} "
             f"{row['events_per_s']:>9}  {by}"
         )
     out = Path(args.out)

@@ -4,6 +4,7 @@ No I/O, no clock, no randomness: time arrives as ``Tick`` events and the schedul
 with ``WakeAt``. See spec/scheduler.md for the rules and invariants.
 """
 
+from .classes import RequestClass
 from .commands import (
     Command,
     Dispatch,
@@ -80,6 +81,7 @@ __all__ = [
     "ReplicaUnresponsive",
     "Request",
     "RequestArrived",
+    "RequestClass",
     "RequestFinished",
     "RequestPhase",
     "Settings",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import attrs
 
+from .classes import RequestClass
 from .settings import Settings
 
 
@@ -34,6 +35,8 @@ class RequestArrived:
     tokens: int | None = None
     prefix: tuple[int, ...] = ()
     local_only: bool = False  # it came through another router: no peer may serve it (no second hop)
+    key: str = ""  # the name of its client's key ("": anonymous); fair share is kept per key
+    klass: RequestClass = RequestClass.STANDARD  # its priority class (already lowered as it asked)
 
 
 @attrs.frozen

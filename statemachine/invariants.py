@@ -63,22 +63,7 @@ def check(state: State) -> None:
                 _fail("INV-REQUEST-HOME", f"request {request.rid} is {request.phase} but no replica holds it")
     if queued != state.waiting:
         _fail("INV-QUEUE", f"{queued} requests are queued but the count says {state.waiting}")
-    listed = 0
-    for target, fifo in state.queues.items():
-        live = list(fifo.live(lambda rid: rid in state.requests and state.requests[rid].phase == QUEUED))
-        if len(live) != fifo.count:
-            _fail("INV-QUEUE", f"queue {target} counts {fifo.count} but holds {len(live)}")
-        if fifo.count and fifo.first() != live[0]:
-            _fail("INV-QUEUE", f"queue {target} has a dead head")
-        for rid in live:
-            if state.requests[rid].target != target:
-                _fail("INV-QUEUE", f"request {rid} sits in the queue of {target}")
-        seqs = [state.requests[rid].seq for rid in live]
-        if seqs != sorted(seqs):
-            _fail("INV-QUEUE", f"queue {target} is out of arrival order")
-        listed += len(live)
-    if listed != queued:
-        _fail("INV-QUEUE", f"{queued} requests are queued but {listed} are in queues")
+    _check_queues(state, queued)
     if state.shutting_down and queued:
         _fail("INV-SHUTDOWN", f"{queued} requests still wait after shutdown began")
     for rid, _spec in state.retired.items():
@@ -139,3 +124,33 @@ def _check_index(state: State) -> None:
         want_live = sum(1 for r in mine if r.phase != STOPPING and not r.draining)
         if (free, live) != (want_free, want_live):
             _fail("INV-INDEX", f"model {model} cached as {(free, live)}, is {(want_free, want_live)}")
+
+
+def _check_queues(state: State, queued: int) -> None:
+    """INV-QUEUE: every queued request sits in its lane of its target's queue, lanes in arrival order."""
+    listed = 0
+
+    def is_queued(rid: int) -> bool:
+        return rid in state.requests and state.requests[rid].phase == QUEUED
+
+    for target, queue in state.queues.items():
+        in_lanes = 0
+        for lane, fifo in queue.lanes.items():
+            live = list(fifo.live(is_queued))
+            if not live or len(live) != fifo.count:
+                _fail("INV-QUEUE", f"queue {target} lane {lane} counts {fifo.count} but holds {len(live)}")
+            if fifo.first() != live[0]:
+                _fail("INV-QUEUE", f"queue {target} lane {lane} has a dead head")
+            for rid in live:
+                request = state.requests[rid]
+                if request.target != target or request.lane != lane:
+                    _fail("INV-QUEUE", f"request {rid} sits in the queue of {target}, lane {lane}")
+            seqs = [state.requests[rid].seq for rid in live]
+            if seqs != sorted(seqs):
+                _fail("INV-QUEUE", f"queue {target} lane {lane} is out of arrival order")
+            in_lanes += len(live)
+        if not in_lanes or in_lanes != queue.count:
+            _fail("INV-QUEUE", f"queue {target} counts {queue.count} but its lanes hold {in_lanes}")
+        listed += in_lanes
+    if listed != queued:
+        _fail("INV-QUEUE", f"{queued} requests are queued but {listed} are in queues")

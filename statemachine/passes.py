@@ -1,10 +1,12 @@
 """The scheduling pass that runs after every event: dispatch, load, evict, unload idle, shut down.
 
-Waiting requests are considered in arrival order (a merge of the per-target queues). Two sets carry what
-earlier requests decided into later ones:
+Waiting requests are considered in rank order (``statemachine.order``: aged first, then class, fair share,
+arrival), a merge of the heads of the targets' lanes. Two sets carry what earlier-ranked requests decided
+into later ones:
 
-- ``blocked`` GPUs: an earlier request needs a swap there and has waited its grace; later requests for
-  models on those GPUs neither dispatch nor load, so they cannot overtake it;
+- ``blocked`` GPUs: an earlier request needs a swap there and claims it (interactive at once, others after
+  the head grace or their class's maximum wait); later requests for models on those GPUs neither dispatch
+  nor load, so they cannot overtake it;
 - ``protected`` models: an earlier request waits for a slot of that model (any of its candidates); a later
   request may not evict it.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import heapq
 
 from .commands import Eviction, KillCause, RejectCode, Stopped, WakeAt
+from .order import Rank, claim_time, rank
 from .queries import serving_models
 from .settings import ModelSpec
 from .state import LOADING, STOPPING, Request
@@ -55,21 +58,27 @@ def schedule(w: Work) -> None:
     wake: list[float] = []
     blocked: set[int] = set()
     protected: set[str] = set()
-    heap: list[tuple[int, str, Request]] = []
-    requests = w.requests
+    # (rank, target, the tags' move count when ranked, request): ranks are unique (they end in seq)
+    heap: list[tuple[Rank, str, int, Request]] = []
+    fair = w.fair
     for target in w.settings.targets:
-        head = w.fifo(target).first()
+        head = _best_head(w, target)
         if head is not None:
-            request = requests[head]
-            heap.append((request.seq, target, request))
+            heap.append((head[0], target, fair.served, head[1]))
     heapq.heapify(heap)
     while heap:
-        _, target, request = heapq.heappop(heap)
+        taken, target, ranked_at, request = heapq.heappop(heap)
+        if ranked_at != fair.served:  # a dispatch since moved a key's tag on: rank the target again
+            best = _best_head(w, target)
+            if best is not None and best[0] > taken:
+                heapq.heappush(heap, (best[0], target, fair.served, best[1]))
+                continue
         _place(w, request, blocked, protected, wake)
-        nxt = w.fifo(target).first()
-        if nxt is not None and nxt != request.rid:
-            following = requests[nxt]
-            heapq.heappush(heap, (following.seq, target, following))
+        if w.is_queued(request.rid):
+            continue  # it waits: so does the rest of its target
+        nxt = _best_head(w, target)
+        if nxt is not None:
+            heapq.heappush(heap, (nxt[0], target, fair.served, nxt[1]))
     for rid in w.overflow:
         request = w.request(rid)
         if request is not None and request.phase == "queued":
@@ -80,10 +89,23 @@ def schedule(w: Work) -> None:
     _set_wake(w, wake)
 
 
+def _best_head(w: Work, target: str) -> tuple[Rank, Request] | None:
+    """The first-ranked of the heads of ``target``'s lanes (None: nothing waits for it)."""
+    queue = w.queue(target)
+    requests, policy, fair, vclock, now = w.requests, w.policy, w.fair, w.vclock, w.now
+    best: tuple[Rank, Request] | None = None
+    for rid in queue.heads():
+        request = requests[rid]
+        ranked = rank(policy, fair, vclock, request, now)
+        if best is None or ranked < best[0]:
+            best = (ranked, request)
+    return best
+
+
 def _overflow_message(w: Work, request: Request) -> str:
     pool = w.settings.pools.get(request.target)
     limit = w.policy.queue_limit
-    if pool is not None and w.fifo(pool.name).count > w.policy.routing_queue_limit:
+    if pool is not None and w.queue(pool.name).count > w.policy.routing_queue_limit:
         limit = w.policy.routing_queue_limit
         return (
             f"every member of pool '{pool.name}' is busy and its waiting queue is full "
@@ -126,7 +148,7 @@ def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wa
                 w.reject(request, *no_peer_answer(w, request))
         return
     to_load, count = load
-    due = request.arrived + w.policy.claim_after
+    due = claim_time(w.policy, request)
     claiming = w.now >= due
     gpus = set(to_load.gpus)
     if not (blocked & gpus) and all(w.fits(to_load, g, count, set(), count_stopping=True) for g in gpus):
@@ -296,7 +318,7 @@ def fail_waiters(w: Work, model: str, reason: str, code: RejectCode) -> None:
     """Reject, in arrival order, every queued request that only ``model`` could serve."""
     doomed: list[Request] = []
     for target in (model, *w.settings.pools_of(model)):
-        for rid in w.fifo(target).live(w.is_queued):
+        for rid in w.queue(target).live(w.is_queued):
             request = w.requests[rid]
             if target == model or candidates(w, target, request.tokens) == [model]:
                 doomed.append(request)

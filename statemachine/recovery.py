@@ -40,8 +40,8 @@ def _wait_again(w: Work, waiting: Request) -> None:
     """It was admitted already: it waits in its arrival place, like any other request (never as an overflow
     to refuse)."""
     w.requests[waiting.rid] = waiting
-    w.queues[waiting.target] = w.fifo(waiting.target).insert(
-        waiting.rid, lambda rid: w.requests[rid].seq, w.is_queued
+    w.queues[waiting.target] = w.queue(waiting.target).insert(
+        waiting.lane, waiting.rid, lambda rid: w.requests[rid].seq, w.is_queued
     )
     w.waiting += 1
 

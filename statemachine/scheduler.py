@@ -94,6 +94,8 @@ def _arrived(w: Work, e: RequestArrived) -> None:
         seq=w.next_seq,
         prefix=e.prefix,
         local_only=e.local_only,
+        key=e.key,
+        klass=e.klass,
     )
     w.next_seq += 1
     if w.shutting_down:
@@ -114,7 +116,7 @@ def _arrived(w: Work, e: RequestArrived) -> None:
         return
     pool = pools.get(e.target)
     over = w.waiting >= w.policy.queue_limit
-    if pool is not None and w.fifo(pool.name).count >= w.policy.routing_queue_limit:
+    if pool is not None and w.queue(pool.name).count >= w.policy.routing_queue_limit:
         over = True
     if over:
         request = attrs.evolve(request, overflow=True)

@@ -93,6 +93,9 @@ class Policy:
     # what llama-server's host-memory prompt cache may still restore; small, so a choice stays cheap.
     affinity_guard: int = 1
     affinity_memory: int = 4
+    # The most seconds a request of each class (interactive, standard, batch) waits before it goes ahead of
+    # every class, oldest first (see statemachine/classes.py).
+    max_wait: tuple[float, float, float] = (30.0, 120.0, 600.0)
 
     @property
     def claim_after(self) -> float:
@@ -131,6 +134,8 @@ class Settings:
     devices: PMap[int, DeviceSpec] = attrs.field(factory=pmap, converter=_devices)
     policy: Policy = attrs.field(factory=Policy)
     peers: PMap[str, PeerSpec] = attrs.field(factory=pmap, converter=_peers)
+    # Fair share: the weight of each named key (a key not named here, the anonymous "" included, weighs 1).
+    weights: PMap[str, int] = attrs.field(factory=pmap, converter=pmap)
     # Plain-dict views for the scheduler's hot path, derived once (not part of equality or repr).
     model_table: dict[str, ModelSpec] = attrs.field(init=False, eq=False, repr=False)
     pool_table: dict[str, PoolSpec] = attrs.field(init=False, eq=False, repr=False)
@@ -157,6 +162,9 @@ class Settings:
 
     def pools_of(self, model: str) -> tuple[str, ...]:
         return self.pools_by_model.get(model, ())
+
+    def weight(self, key: str) -> int:
+        return self.weights.get(key, 1)
 
     def peer_limit(self, peer: str) -> int:
         """How many requests may be forwarded to ``peer`` at once (0 for a peer no longer configured)."""

@@ -8,7 +8,8 @@ import attrs
 from pyrsistent import pmap, pset
 from pyrsistent.typing import PMap, PSet
 
-from .fifo import Fifo
+from .classes import RequestClass
+from .lanes import TargetQueue
 from .settings import ModelSpec, Settings
 
 
@@ -55,6 +56,13 @@ class Request:
     peer: str | None = None
     avoid: frozenset[str] = frozenset()
     local_only: bool = False
+    # Who is served first (statemachine/order.py): its client's key name and its priority class.
+    key: str = ""
+    klass: RequestClass = RequestClass.STANDARD
+
+    @property
+    def lane(self) -> tuple[int, str]:
+        return (int(self.klass), self.key)
 
 
 @attrs.frozen
@@ -94,7 +102,7 @@ class State:
     settings: Settings
     now: float = 0.0
     requests: PMap[int, Request] = attrs.field(factory=pmap)
-    queues: PMap[str, Fifo] = attrs.field(factory=pmap)
+    queues: PMap[str, TargetQueue] = attrs.field(factory=pmap)
     waiting: int = 0
     replicas: tuple[Replica, ...] = ()
     next_replica: int = 1
@@ -115,6 +123,9 @@ class State:
     # until reported up again).
     peer_inflight: PMap[str, PSet[int]] = attrs.field(factory=pmap)
     peers_down: PMap[str, str] = attrs.field(factory=pmap)
+    # Fair share between keys (statemachine/order.py): each key's finish tag, and the virtual clock.
+    fair: PMap[str, float] = attrs.field(factory=pmap)
+    vclock: float = 0.0
     # A cache for step(): replicas by model and each model's (free slot?, live replicas). Trusted only for the
     # very ``replicas`` tuple and ``settings`` it was built for; never part of equality or repr.
     index: ReplicaIndex | None = attrs.field(default=None, eq=False, repr=False)

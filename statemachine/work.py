@@ -12,7 +12,8 @@ from pyrsistent.typing import PSet
 
 from .affinity import Chain, remember, shared
 from .commands import Command, Dispatch, Eviction, Forward, Kill, KillCause, Reject, RejectCode, Spawn
-from .fifo import Fifo
+from .lanes import EMPTY_QUEUE, TargetQueue
+from .order import Tags
 from .settings import ModelSpec
 from .state import (
     INFLIGHT,
@@ -26,8 +27,6 @@ from .state import (
     State,
 )
 
-_EMPTY = Fifo()
-
 
 class Work:
     def __init__(self, state: State) -> None:
@@ -36,7 +35,7 @@ class Work:
         self.policy = state.settings.policy
         self.now = state.now
         self.requests = state.requests.evolver()
-        self.queues: dict[str, Fifo] = dict(state.queues)
+        self.queues: dict[str, TargetQueue] = dict(state.queues)
         self.waiting = state.waiting
         self.replicas: dict[int, Replica] = {r.id: r for r in state.replicas}
         self.by_model: dict[str, tuple[int, ...]]
@@ -64,6 +63,8 @@ class Work:
         self.failing: set[str] = set(state.failing)
         self.peer_inflight: dict[str, PSet[int]] = dict(state.peer_inflight)
         self.peers_down: dict[str, str] = dict(state.peers_down)
+        self.fair = Tags(state.fair)
+        self.vclock = state.vclock
         self.overflow: list[int] = []
         self.cmds: list[Command] = []
 
@@ -88,6 +89,8 @@ class Work:
             failing=pset(m for m in self.failing if self.live_replicas(m)) if self.failing else pset(),
             peer_inflight=pmap(self.peer_inflight) if self.peer_inflight else pmap(),
             peers_down=pmap(self.peers_down) if self.peers_down else pmap(),
+            fair=self.fair.persistent(),
+            vclock=self.vclock,
             index=ReplicaIndex(replicas, self.settings, self.by_model, self.memo),
         )
 
@@ -95,8 +98,8 @@ class Work:
     def request(self, rid: int) -> Request | None:
         return self.requests[rid] if rid in self.requests else None  # noqa: SIM401 (evolver)
 
-    def fifo(self, target: str) -> Fifo:
-        return self.queues.get(target, _EMPTY)
+    def queue(self, target: str) -> TargetQueue:
+        return self.queues.get(target, EMPTY_QUEUE)
 
     def is_queued(self, rid: int) -> bool:
         return rid in self.requests and self.requests[rid].phase == QUEUED
@@ -187,14 +190,28 @@ class Work:
     # ------------------------------------------------------------- requests
     def enqueue(self, request: Request) -> None:
         self.requests[request.rid] = request
-        self.queues[request.target] = self.fifo(request.target).push(request.rid)
+        self.queues[request.target] = self.queue(request.target).push(request.lane, request.rid)
         self.waiting += 1
 
     def unqueue(self, request: Request) -> None:
         """Take a queued request out of its queue and forget it."""
         self.requests.remove(request.rid)
-        self.queues[request.target] = self.fifo(request.target).drop(request.rid, self.is_queued)
+        self._leave_queue(request)
+
+    def _leave_queue(self, request: Request) -> None:
+        """``request`` (no longer queued in ``requests``) leaves its target's queue."""
+        queue = self.queue(request.target).drop(request.lane, request.rid, self.is_queued)
+        if queue.count:
+            self.queues[request.target] = queue
+        else:
+            self.queues.pop(request.target, None)
         self.waiting -= 1
+
+    def _served(self, request: Request) -> None:
+        """Fair share: the dispatch of ``request`` starts at its key's tag and moves the tag on."""
+        start = max(self.fair.get(request.key), self.vclock)
+        self.fair.move(request.key, start + 1.0 / self.settings.weight(request.key))
+        self.vclock = start
 
     def reject(self, request: Request, code: RejectCode, message: str) -> None:
         """End a queued or in-flight request with an error."""
@@ -206,8 +223,8 @@ class Work:
 
     def dispatch(self, request: Request, replica: Replica, model: str) -> None:
         self.requests.remove(request.rid)
-        self.queues[request.target] = self.fifo(request.target).drop(request.rid, self.is_queued)
-        self.waiting -= 1
+        self._leave_queue(request)
+        self._served(request)
         self.requests[request.rid] = attrs.evolve(request, phase=INFLIGHT, replica=replica.id, model=model)
         memory = replica.memory
         if request.prefix:
@@ -223,8 +240,8 @@ class Work:
     def forward(self, request: Request, peer: str, model: str) -> None:
         """Send a queued request to ``peer``, which serves ``model``."""
         self.requests.remove(request.rid)
-        self.queues[request.target] = self.fifo(request.target).drop(request.rid, self.is_queued)
-        self.waiting -= 1
+        self._leave_queue(request)
+        self._served(request)
         self.requests[request.rid] = attrs.evolve(request, phase=INFLIGHT, peer=peer, model=model)
         self.peer_inflight[peer] = self.peer_inflight.get(peer, pset()).add(request.rid)
         self.last_used[model] = self.now

@@ -58,6 +58,7 @@ from statemachine import (
     ReplicaExited,
     ReplicaReady,
     ReplicaUnresponsive,
+    RequestClass,
     RequestFinished,
     Settings,
     SettingsChanged,
@@ -196,10 +197,12 @@ class Router:
         body: Mapping[str, Any] | None = None,
         prefix: tuple[int, ...] = (),
         local_only: bool = False,
+        key: str = "",
+        klass: RequestClass = RequestClass.STANDARD,
     ) -> Ticket:
         """A new request for ``target``; ``prefix`` is its prefix chain (router.http.prefix_key), which only
         steers which free replica serves it; ``local_only``: it came through another router (hop header), so
-        no peer may serve it."""
+        no peer may serve it; ``key`` and ``klass``: its client's key name and its priority class."""
         rid = self._next_rid
         self._next_rid += 1
         ticket = Ticket(
@@ -214,6 +217,8 @@ class Router:
             tokens=tokens,
             prefix=prefix,
             local_only=local_only,
+            key=key,
+            klass=klass,
         )
         self.tickets[rid] = ticket
         ticket.arrive()

@@ -30,6 +30,7 @@ from statemachine import (
     Reject,
     RejectCode,
     RequestArrived,
+    RequestClass,
     RequestFinished,
 )
 
@@ -97,6 +98,8 @@ class Ticket:
     tokens: int | None = None  # what it needs in one slot, as the scheduler was told
     prefix: tuple[int, ...] = ()  # its prefix chain, as the scheduler was told
     local_only: bool = False  # it came through another router: no peer may serve it
+    key: str = ""  # the name of its client's key ("": anonymous or a plain api_keys key)
+    klass: RequestClass = RequestClass.STANDARD  # its priority class, as the scheduler was told
     refusals: int = 0  # connections its replicas refused so far
 
     @property
@@ -127,7 +130,11 @@ class Ticket:
 
     def arrive(self) -> None:
         """Tell the scheduler the request arrived (once, as the router admits it)."""
-        self._tell(RequestArrived(self.rid, self.target, self.tokens, self.prefix, self.local_only))
+        self._tell(
+            RequestArrived(
+                self.rid, self.target, self.tokens, self.prefix, self.local_only, self.key, self.klass
+            )
+        )
 
     # ----------------------------------------------------------------- the owner task's reports
     def sent(self, dispatch: Dispatch | Forward, port: int | None) -> None:

@@ -26,7 +26,7 @@ from router.shell.replica_logs import ReplicaLogFile
 from router.shell.rpc_probe import Endpoint, Reachability
 from router.shell.runtime import Router
 from router.shell.ticket import Ticket
-from statemachine import State
+from statemachine import RequestClass, State
 
 
 class RouterView:
@@ -128,6 +128,8 @@ class Desk(RouterView):
         body: Mapping[str, Any] | None = None,
         prefix: tuple[int, ...] = (),
         local_only: bool = False,
+        key: str = "",
+        klass: RequestClass = RequestClass.STANDARD,
     ) -> Ticket:
         """A new request for ``target``: its ticket, which owns the request's life from here."""
         return self._router.admit(
@@ -139,6 +141,8 @@ class Desk(RouterView):
             body=body,
             prefix=prefix,
             local_only=local_only,
+            key=key,
+            klass=klass,
         )
 
     def publish(self, record: RequestRecord) -> None:

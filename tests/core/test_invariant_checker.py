@@ -29,6 +29,7 @@ from statemachine import (
     step,
 )
 from statemachine.fifo import Fifo
+from statemachine.lanes import TargetQueue
 from statemachine.state import ReplicaIndex
 
 SETTINGS = Settings(
@@ -133,17 +134,24 @@ def test_every_request_has_one_home() -> None:
 def test_queues_agree_with_the_requests() -> None:
     state = base()
     fails(attrs.evolve(state, waiting=2), "INV-QUEUE", "count says 2")
-    fifo = state.queues["a"]
-    fails(
-        attrs.evolve(state, queues=state.queues.set("a", attrs.evolve(fifo, count=2))),
-        "INV-QUEUE",
-        "counts 2",
-    )
+    queue = state.queues["a"]
+    lane = (1, "")
+    fifo = queue.lanes[lane]
+
+    def with_lane(target: str, lane: tuple[int, str], fifo: Fifo, count: int = 1) -> State:
+        return attrs.evolve(state, queues=state.queues.set(target, TargetQueue(pmap({lane: fifo}), count)))
+
+    fails(with_lane("a", lane, attrs.evolve(fifo, count=2)), "INV-QUEUE", "counts 2 but holds 1")
+    fails(with_lane("a", lane, fifo, count=2), "INV-QUEUE", "counts 2 but its lanes hold 1")
     dead_head = Fifo(pvector([1, 3]), 0, 1)  # request 1 runs: it is not live, yet it is the head
-    fails(attrs.evolve(state, queues=state.queues.set("a", dead_head)), "INV-QUEUE", "dead head")
-    elsewhere = attrs.evolve(state, queues=pmap({"b": fifo}))
+    fails(with_lane("a", lane, dead_head), "INV-QUEUE", "dead head")
+    fails(with_lane("a", (2, ""), fifo), "INV-QUEUE", "sits in the queue of a, lane (2, '')")
+    fails(with_lane("a", (1, "alice"), fifo), "INV-QUEUE", "sits in the queue of a, lane (1, 'alice')")
+    elsewhere = attrs.evolve(state, queues=pmap({"b": queue}))
     fails(elsewhere, "INV-QUEUE", "sits in the queue of b")
     fails(attrs.evolve(state, queues=pmap()), "INV-QUEUE", "1 requests are queued but 0 are in queues")
+    empty = attrs.evolve(state, queues=state.queues.set("b", TargetQueue(pmap({lane: Fifo()}), 0)))
+    fails(empty, "INV-QUEUE", "counts 0 but holds 0")
 
 
 def test_queue_order_and_shutdown() -> None:
@@ -151,7 +159,7 @@ def test_queue_order_and_shutdown() -> None:
     for event in (RequestArrived(1, "b"), RequestArrived(2, "b"), RequestArrived(3, "b")):
         state, _ = step(state, event)
     check(state)
-    swapped = Fifo(pvector([3, 2]), 0, 2)  # 1 is waiting too; keep the test about order only
+    swapped = TargetQueue(pmap({(1, ""): Fifo(pvector([3, 2]), 0, 2)}), 2)  # keep the test about order only
     only_two = state.requests.remove(1)
     fails(
         attrs.evolve(state, requests=only_two, waiting=2, queues=state.queues.set("b", swapped)),
