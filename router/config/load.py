@@ -24,6 +24,7 @@ from typing import Any
 
 import attrs
 
+from router.config.key_table import check_plain_keys, parse_keys, scope_names
 from router.config.keyspec import STRING_LIST, InvalidValue, KeySpec, check_value, render_value, spec_by_name
 from router.config.original import Translation, is_original, presets_file, translate
 from router.config.origins import (
@@ -44,6 +45,7 @@ from router.config.tables import (
     parse_model,
     parse_model_defaults,
     parse_pool,
+    secret_key,
 )
 from router.config.values import (
     ALL_GPUS,
@@ -53,6 +55,7 @@ from router.config.values import (
     FlagValue,
     FrozenMap,
     GpuSelection,
+    KeyConfig,
     ModelConfig,
     PoolConfig,
     Pricing,
@@ -69,6 +72,7 @@ __all__ = [
     "FlagValue",
     "FrozenMap",
     "GpuSelection",
+    "KeyConfig",
     "ModelConfig",
     "PoolConfig",
     "Pricing",
@@ -182,8 +186,8 @@ def config_from_dict(
     env: Mapping[str, str] | None = None,
     base_dir: Path | None = None,
 ) -> Config:
-    """Validate a parsed document. ``env`` None means no environment overrides at all (handy in tests);
-    ``base_dir`` None keeps relative paths as written."""
+    """Validate a parsed document. ``env`` None means no environment overrides at all (handy in tests),
+    nor variables for ``[keys.NAME] key_env``; ``base_dir`` None keeps relative paths as written."""
     doc = Doc(path_for_messages, base_dir)
     env = {} if env is None else env
     if not isinstance(data, Mapping):
@@ -218,6 +222,14 @@ def config_from_dict(
         for name, raw in doc.table("pools", data.get("pools")).items()
     }
     check_unique_names(doc, models, pools)
+    keys = parse_keys(
+        doc,
+        doc.table("keys", data.get("keys")),
+        env,
+        scope_names(models, pools, peers),
+        any(not peer.models for peer in peers.values()),
+    )
+    check_plain_keys(doc, keys, router.api_keys, _plain_keys_source(env))
     config = Config(
         path=Path(path_for_messages),
         router=router,
@@ -227,6 +239,7 @@ def config_from_dict(
         models=models,
         pools=pools,
         peers=peers,
+        keys=keys,
     )
     if router.default_pool is not None:
         canonical = resolve_name(config, router.default_pool)
@@ -318,12 +331,21 @@ def _env_value(doc: Doc, spec: KeySpec, text: str) -> Any:
     try:
         return check_value(spec, value)
     except InvalidValue as exc:
+        shown = spec.env if secret_key(spec.name) else f"{spec.env} = {render_value(text)}"
         raise ConfigError(
             doc.path,
-            f"{spec.env} = {render_value(text)} (environment, overrides router.{spec.name}) is invalid: "
-            f"{exc.reason}",
+            f"{shown} (environment, overrides router.{spec.name}) is invalid: {exc.reason}",
             key=spec.env,
         ) from None
+
+
+def _plain_keys_source(env: Mapping[str, str]) -> str:
+    """Where ``router.api_keys`` came from, in words for a message."""
+    return (
+        "an entry of ROUTER_API_KEYS"
+        if env.get("ROUTER_API_KEYS", "").strip()
+        else "an entry of router.api_keys"
+    )
 
 
 def _unique(items: Sequence[str]) -> tuple[str, ...]:
@@ -331,7 +353,8 @@ def _unique(items: Sequence[str]) -> tuple[str, ...]:
 
 
 def read_api_keys(config: Config) -> tuple[str, ...]:
-    """Every accepted key: router.api_keys (or ROUTER_API_KEYS) plus the lines of router.api_keys_file."""
+    """Every plain key: router.api_keys (or ROUTER_API_KEYS) plus the lines of router.api_keys_file, none of
+    them a named client's secret (ConfigError)."""
     keys = list(config.router.api_keys)
     file = config.router.api_keys_file
     if file is not None:
@@ -345,10 +368,11 @@ def read_api_keys(config: Config) -> tuple[str, ...]:
                 f"file of keys ({reason})",
                 key="router.api_keys_file",
             ) from None
-        for line in text.splitlines():
-            line = line.strip()
-            if line and not line.startswith("#"):
-                keys.append(line)
+        lines = [line.strip() for line in text.splitlines()]
+        lines = [line for line in lines if line and not line.startswith("#")]
+        doc = Doc(config.path, None)
+        check_plain_keys(doc, config.keys, lines, "a line of router.api_keys_file")
+        keys += lines
     return _unique(keys)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from router.config.key_specs import KEY_KEYS
 from router.config.keyspec import KeySpec
 from router.config.model_keys import DEFAULTABLE_MODEL_KEYS, MODEL_KEYS
 from router.config.schema import (
@@ -51,7 +52,8 @@ def reference_markdown() -> str:
     parts = [
         "The file is TOML, or JSON with the same structure when its name ends in `.json`. Relative paths "
         "start at the directory of the config file. In JSON, `null` counts as an absent key. Unknown keys "
-        "in `[router]`, `[devices.N]`, `[rpc_devices.NAME]`, `[pools.NAME]` and `[peers.NAME]` are errors.",
+        "in `[router]`, `[devices.N]`, `[rpc_devices.NAME]`, `[pools.NAME]`, `[peers.NAME]` and "
+        "`[keys.NAME]` are errors. No message shows the value of an API key.",
         "",
         "### `[router]`",
         "",
@@ -116,8 +118,23 @@ def reference_markdown() -> str:
         "A peer's models are served here under their own names and aliases (a name a local model or pool "
         'has stays theirs) and may be pool members. See "Several machines".',
         "",
+        *_keys_section(),
     ]
     return "\n".join(parts)
+
+
+def _keys_section() -> list[str]:
+    return [
+        "### `[keys.NAME]`",
+        "",
+        "One table per named client: NAME is what the router knows it by, its secret is never shown. "
+        "Exactly one of `key`, `key_env` and `key_file` is set. Once any key is configured (here or in "
+        "`router.api_keys`), requests need one; the keys of `router.api_keys` stay valid as anonymous "
+        '`standard` clients with every right. See "Clients, classes and scopes".',
+        "",
+        _table(KEY_KEYS, with_env=False),
+        "",
+    ]
 
 
 START = "<!-- config-reference:start -->"

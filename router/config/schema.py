@@ -15,7 +15,16 @@ from router.config.keyspec import BOOLEAN, INTEGER, NUMBER, PATH, STRING, STRING
 # What llama.cpp accepts for --cache-type-k / --cache-type-v.
 CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
-TOP_LEVEL_KEYS: tuple[str, ...] = ("router", "devices", "defaults", "models", "pools", "peers", "rpc_devices")
+TOP_LEVEL_KEYS: tuple[str, ...] = (
+    "router",
+    "devices",
+    "defaults",
+    "models",
+    "pools",
+    "peers",
+    "rpc_devices",
+    "keys",
+)
 
 ROUTER_KEYS: tuple[KeySpec, ...] = (
     KeySpec("host", STRING, "127.0.0.1", "Address the router listens on.", env="ROUTER_HOST"),
@@ -77,6 +86,33 @@ ROUTER_KEYS: tuple[KeySpec, ...] = (
         32,
         "Most requests waiting for one pool; further ones are rejected.",
         0,
+    ),
+    KeySpec(
+        "max_wait_interactive",
+        NUMBER,
+        30.0,
+        "Seconds a waiting request of class `interactive` (see `[keys.NAME]`) is ordered by class and fair "
+        "share; after that it goes before every class, oldest first.",
+        0,
+        exclusive_minimum=True,
+    ),
+    KeySpec(
+        "max_wait_standard",
+        NUMBER,
+        120.0,
+        "Seconds a waiting request of class `standard` (the default) may let requests of a higher class "
+        "go first; after that it goes before every class, oldest first.",
+        0,
+        exclusive_minimum=True,
+    ),
+    KeySpec(
+        "max_wait_batch",
+        NUMBER,
+        600.0,
+        "Seconds a waiting request of class `batch` may let requests of higher classes go first; after "
+        "that it goes before every class, oldest first, so batch work never starves.",
+        0,
+        exclusive_minimum=True,
     ),
     KeySpec(
         "affinity_guard",

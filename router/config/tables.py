@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from router.config.key_specs import KEY_KEYS
 from router.config.keyspec import InvalidValue, KeySpec, check_value, render_value
 from router.config.llama_args import flag_identity, router_owned_hint
 from router.config.model_keys import DEFAULTABLE_MODEL_KEYS, EFFORT_KEYS, MODEL_KEYS, PRICING_KEYS
@@ -30,6 +31,21 @@ from router.config.values import (
 
 MAX_NAME = 200
 _MODEL_ROUTER_KEYS = frozenset(spec.name for spec in MODEL_KEYS)
+# Keys whose values are secrets wherever they are written (api_keys, a peer's api_key, llama-server's
+# --api-key, a typo of one of them), and the keys of [keys.NAME] that are not.
+_SECRET_NAMES = frozenset({"key", "keys", "api_key", "api_keys", "apikey", "api-key", "secret", "token"})
+_PUBLIC_CLIENT_KEYS = frozenset(spec.name for spec in KEY_KEYS if spec.name != "key")
+
+
+def secret_key(key: str) -> bool:
+    """Whether the value of the dotted ``key`` may be a secret, so that no message may show it: any key
+    named like a secret, and anything in ``[keys]`` but the keys of a client's table that hold none."""
+    parts = key.split(".")
+    if parts[-1].lstrip("-").lower() in _SECRET_NAMES:
+        return True
+    if parts[0] == "keys":
+        return not (len(parts) == 3 and parts[2] in _PUBLIC_CLIENT_KEYS)
+    return False
 
 
 class Doc:
@@ -40,13 +56,17 @@ class Doc:
         self.base_dir = base_dir
 
     def invalid(self, key: str, value: Any, reason: str) -> ConfigError:
-        return ConfigError(self.path, f"{key} = {render_value(value)} is invalid: {reason}", key=key)
+        shown = f"{key} = {render_value(value)}" if not secret_key(key) else key
+        return ConfigError(self.path, f"{shown} is invalid: {reason}", key=key)
 
     def unknown(self, key: str, value: Any, allowed: Sequence[str]) -> ConfigError:
+        """An unknown key; its value is shown unless it may hold a secret or is a table (whose contents
+        could)."""
+        shown = key
+        if not secret_key(key) and not isinstance(value, Mapping):
+            shown = f"{key} = {render_value(value)}"
         return ConfigError(
-            self.path,
-            f"{key} = {render_value(value)} is not a known key; allowed keys: {', '.join(allowed)}",
-            key=key,
+            self.path, f"{shown} is not a known key; allowed keys: {', '.join(allowed)}", key=key
         )
 
     def missing(self, key: str, allowed: str) -> ConfigError:

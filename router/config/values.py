@@ -155,6 +155,31 @@ class PeerConfig:
     connect_timeout: float = 5.0
 
 
+@attrs.frozen
+class KeyConfig:
+    """``[keys.NAME]``: a named client. ``secret`` is the key it presents (from ``key``, the variable
+    ``key_env`` or the file ``key_file``), kept out of ``repr``; ``klass`` its class label
+    (``router.config.key_specs.CLASSES``); ``models`` its globs over model, pool and alias names (None:
+    everything). The three limits are kept, not enforced yet."""
+
+    name: str
+    secret: str = attrs.field(repr=False)
+    klass: str = "standard"
+    weight: int = 1
+    models: tuple[str, ...] | None = None
+    admin: bool = False
+    requests_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    max_queued: int | None = None
+    key_env: str | None = None
+    key_file: Path | None = None
+
+    @property
+    def secret_key(self) -> str:
+        """The key of the table the secret came from (``key``, ``key_env`` or ``key_file``)."""
+        return "key_env" if self.key_env is not None else "key_file" if self.key_file is not None else "key"
+
+
 def _router_default(name: str) -> Any:
     return spec_by_name(ROUTER_KEYS, name).default
 
@@ -178,6 +203,9 @@ class RouterSettings:
     queue_force_load_timeout: float = _router_default("queue_force_load_timeout")
     queue_limit: int = _router_default("queue_limit")
     routing_queue_limit: int = _router_default("routing_queue_limit")
+    max_wait_interactive: float = _router_default("max_wait_interactive")
+    max_wait_standard: float = _router_default("max_wait_standard")
+    max_wait_batch: float = _router_default("max_wait_batch")
     affinity_guard: int = _router_default("affinity_guard")
     prefix_affinity: bool = _router_default("prefix_affinity")
     num_gpus: int | None = None
@@ -214,8 +242,8 @@ class RouterSettings:
 
 @attrs.frozen
 class Config:
-    """A whole validated configuration. ``devices`` is keyed by GPU id; ``rpc_devices``, ``models`` and
-    ``pools`` by name, in file order."""
+    """A whole validated configuration. ``devices`` is keyed by GPU id; ``rpc_devices``, ``models``,
+    ``pools``, ``peers`` and ``keys`` by name, in file order."""
 
     path: Path
     router: RouterSettings = attrs.field(factory=RouterSettings)
@@ -225,3 +253,4 @@ class Config:
     models: FrozenMap[str, ModelConfig] = attrs.field(factory=FrozenMap, converter=_frozen_map)
     pools: FrozenMap[str, PoolConfig] = attrs.field(factory=FrozenMap, converter=_frozen_map)
     peers: FrozenMap[str, PeerConfig] = attrs.field(factory=FrozenMap, converter=_frozen_map)
+    keys: FrozenMap[str, KeyConfig] = attrs.field(factory=FrozenMap, converter=_frozen_map)

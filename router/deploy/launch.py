@@ -129,7 +129,7 @@ def scheduler_settings(
 ) -> Settings:
     """The scheduler's static inputs. A model's devices are its RPC devices (ids from
     ``router.deploy.rpc_devices``) and its GPUs; an RPC device's need is its whole budget (one client at a
-    time)."""
+    time). Each ``[keys.NAME]`` gives its weight by name; the router's ``max_wait_*`` the policy's waits."""
     # Imported here: `plan` and `init` use this module's decisions but not the scheduler.
     from statemachine import DeviceSpec, ModelSpec, Policy, PoolSpec, Settings
 
@@ -169,8 +169,10 @@ def scheduler_settings(
         queue_limit=r.queue_limit,
         routing_queue_limit=r.routing_queue_limit,
         affinity_guard=r.affinity_guard,
+        max_wait=(r.max_wait_interactive, r.max_wait_standard, r.max_wait_batch),
     )
-    return Settings(models=models, pools=pools, devices=devices, policy=policy)
+    weights = {name: key.weight for name, key in config.keys.items()}
+    return Settings(models=models, pools=pools, devices=devices, policy=policy, weights=weights)
 
 
 def check_pinned(config: Config, settings: Settings) -> None:

@@ -3,9 +3,12 @@
 1. Browser safety (``browser_guard.judge``: Host, Origin, cross-site subresources, admin content types), which
    may also answer a CORS preflight.
 2. The request's head: header sizes and well-formed values.
-3. The API key, except for the open paths (``/health``, the pages and their files).
+3. The API key, except for the open paths (``/health``, the pages and their files): it names the client
+   (``access.identify``), whose rights the admin actions need.
 4. The body (size, arrival time, JSON, field types; ``request_body``) — read by each entry point its own way.
-5. The name: a model, a pool, an alias or a peer's model, or the default pool (``resolve_target``).
+5. The name: a model, a pool, an alias or a peer's model, or the default pool (``resolve_target``), which
+   must be in the client's scope (``scope``).
+6. The class: the client's, lowered when the request asks (``request_class``).
 
 The API's forwarding path (``router.http.forward``) and the quart app (pages, admin actions, ``/upstream``,
 ``/chat``) both call these functions; a refusal is an OpenAI-shaped answer that says why and what to do, and
@@ -15,17 +18,21 @@ one refused before admission is recorded in the history (``unadmitted_endpoint``
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
+from quart import g
 
 from router.config.load import Config, resolve_name
-from router.config.values import RouterSettings
+from router.config.values import KeyConfig, RouterSettings
 from router.http import pages
-from router.http.access import key_accepted, presented_key
-from router.http.browser_guard import Refusal, Verdict, judge
+from router.http.access import ANONYMOUS, VISITOR, Client, identify, presented_key
+from router.http.browser_guard import ADMIN_PATHS, Refusal, Verdict, judge
 from router.http.errors import HttpCode, unknown_model_message
+from router.http.request_class import request_class
 from router.http.request_headers import bad_header, headers_too_large
-from statemachine import RejectCode
+from router.http.scope import scope_refusal
+from statemachine import RejectCode, RequestClass
 
 # /health for probes; the pages and their files hold no data (they ask for a key themselves).
 OPEN_PATHS = ("/health", *pages.OPEN_PATHS)
@@ -44,11 +51,12 @@ _BEARER = {"WWW-Authenticate": "Bearer"}
 
 @attrs.frozen
 class HeadCheck:
-    """The checks of a request's head: the browser-safety verdict (its CORS origin, a preflight) and the
-    refusal to answer with, if any."""
+    """The checks of a request's head: the browser-safety verdict (its CORS origin, a preflight), the refusal
+    to answer with, if any, and the client its key names."""
 
     verdict: Verdict
     refusal: Refusal | None = None
+    client: Client = ANONYMOUS
 
 
 def check_head(
@@ -60,9 +68,10 @@ def check_head(
     bind_host: str,
     settings: RouterSettings,
     api_keys: Sequence[bytes],
+    named: Mapping[str, KeyConfig],
 ) -> HeadCheck:
     """Steps 1-3 for one request: ``headers`` as a mapping (first value of each name), ``pairs`` every
-    header as sent."""
+    header as sent; ``api_keys`` the plain keys, ``named`` the clients of ``[keys.NAME]``."""
     verdict = judge(method, path, headers, bind_host, settings)
     if verdict.refusal is not None or verdict.preflight:
         return HeadCheck(verdict, verdict.refusal)
@@ -73,9 +82,18 @@ def check_head(
     problem = bad_header(pairs)
     if problem is not None:
         return HeadCheck(verdict, Refusal(HttpCode.INVALID_HEADER, problem))
-    if api_keys and path not in OPEN_PATHS and not key_accepted(api_keys, presented_key(headers)):
-        return HeadCheck(verdict, Refusal(HttpCode.INVALID_API_KEY, KEY_MESSAGE, _BEARER))
-    return HeadCheck(verdict)
+    client = ANONYMOUS
+    if api_keys or named:
+        found = identify(api_keys, named, presented_key(headers))
+        if found is None and path not in OPEN_PATHS:
+            return HeadCheck(verdict, Refusal(HttpCode.INVALID_API_KEY, KEY_MESSAGE, _BEARER), VISITOR)
+        client = found or VISITOR
+    if path in ADMIN_PATHS and not client.admin:
+        message = (
+            f"the key '{client.name}' may not use {path}: that needs admin = true in [keys.{client.name}]"
+        )
+        return HeadCheck(verdict, Refusal(HttpCode.PERMISSION_DENIED, message), client)
+    return HeadCheck(verdict, client=client)
 
 
 def resolve_target(
@@ -100,6 +118,29 @@ def resolve_target(
         return None, Refusal(HttpCode.MODEL_REQUIRED, message)
     message = unknown_model_message(name, (*config.models, *config.pools))
     return None, Refusal(RejectCode.MODEL_NOT_FOUND, message)
+
+
+def check_client(
+    config: Config,
+    client: Client,
+    target: str,
+    asked: object,
+    headers: Mapping[str, str],
+    body: Mapping[str, Any] | None,
+) -> RequestClass | Refusal:
+    """Steps 5 and 6 once the target is known: the refusal of a target outside the client's scope or of a
+    class the request names wrongly, else the class it is served in."""
+    refusal = scope_refusal(config, client, target, asked)
+    if refusal is not None:
+        return refusal
+    return request_class(client, headers, body)
+
+
+def current_client() -> Client:
+    """The client of the quart app's current request, as admission's hook found it (none found: a visitor
+    without rights, never more)."""
+    client = g.get("client")
+    return client if isinstance(client, Client) else VISITOR
 
 
 def unadmitted_endpoint(path: str, method: str, forwarded: frozenset[str]) -> str | None:

@@ -11,8 +11,8 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from router.config.load import Config, resolve_name
-from router.http.admission import check_head, unadmitted_endpoint
-from router.http.browser_guard import preflight_headers, register_cors
+from router.http.admission import check_client, check_head, current_client, unadmitted_endpoint
+from router.http.browser_guard import Refusal, preflight_headers, register_cors
 from router.http.errors import QUART_CODES, HttpCode, error_response, internal_error, unknown_model
 from router.http.forward import FORWARDED
 from router.http.proxy import SAFE_SEGMENT, Proxy, upstream_headers
@@ -22,10 +22,12 @@ from router.http.request_body import (
     FieldTypes,
     body_left_unread,
     check_fields,
+    json_object,
     parse_object,
     read_body,
 )
 from router.http.request_headers import as_sent
+from router.http.scope import scope_refusal, visible
 from router.http.unadmitted import unadmitted_record
 from router.observe.props import props_document
 from router.observe.status import (
@@ -80,9 +82,11 @@ def _register_admission(app: QuartTrio, config: Config, desk: Desk) -> None:
             bind_host=bind_host,
             settings=current,
             api_keys=desk.deployment.api_keys,
+            named=desk.config.keys,
         )
         verdict = check.verdict
         g.cors_origin = verdict.cors_origin
+        g.client = check.client
         if verdict.preflight and verdict.cors_origin is not None:
             headers = preflight_headers(
                 verdict.cors_origin,
@@ -160,7 +164,10 @@ def _register_documents(app: QuartTrio, view: RouterView) -> None:
     @app.route("/v1/models")
     @app.route("/models")
     async def models() -> Response:
-        return Response(json.dumps(models_document(view.config, view)), content_type="application/json")
+        config = view.config
+        document = models_document(config, view)
+        document["data"] = visible(config, current_client(), document["data"])
+        return Response(json.dumps(document), content_type="application/json")
 
     @app.route("/v1/models/<path:model_id>")
     @app.route("/models/<path:model_id>")
@@ -169,6 +176,9 @@ def _register_documents(app: QuartTrio, view: RouterView) -> None:
         entry = named_entry(config, view, model_id)
         if entry is None:
             return unknown_model(model_id, (*config.models, *config.pools))
+        refusal = scope_refusal(config, current_client(), str(entry.get("id", model_id)), model_id)
+        if refusal is not None:
+            return error_response(refusal.code, refusal.message)
         return Response(json.dumps(entry), content_type="application/json")
 
     @app.route("/plan")
@@ -198,15 +208,26 @@ def _register_documents(app: QuartTrio, view: RouterView) -> None:
 def _register_upstream(app: QuartTrio, desk: Desk, proxy: Proxy) -> None:
     @app.route("/upstream/<model>/<path:rest>", methods=["GET", "POST"])
     async def upstream(model: str, rest: str) -> Response:
-        target = resolve_name(desk.config, model)
-        if target is None or target not in desk.config.models:
-            return unknown_model(model, desk.config.models)
+        config = desk.config
+        target = resolve_name(config, model)
+        if target is None or target not in config.models:
+            return unknown_model(model, config.models)
         segments = rest.split("/")
         if any(s in ("", ".", "..") or not SAFE_SEGMENT.match(s) for s in segments):
             return error_response(HttpCode.INVALID_PATH, f"'{rest}' is not a plain path below the model")
         raw = await read_body()
+        client = current_client()
+        klass = check_client(config, client, target, model, request.headers, json_object(raw))
+        if isinstance(klass, Refusal):
+            return error_response(klass.code, klass.message)
         ticket = desk.admit(
-            target, asked=model, endpoint="/upstream", client=request.remote_addr or "", tokens=None
+            target,
+            asked=model,
+            endpoint="/upstream",
+            client=request.remote_addr or "",
+            tokens=None,
+            key=client.name,
+            klass=klass,
         )
         g.ticket = ticket
         reply = await proxy.respond(

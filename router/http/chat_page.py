@@ -29,7 +29,8 @@ from quart import Response, g, redirect, request
 from quart_trio import QuartTrio
 
 from router.config.load import resolve_name
-from router.http.browser_guard import drop_cors
+from router.http.admission import check_client, current_client
+from router.http.browser_guard import Refusal, drop_cors
 from router.http.errors import HttpCode, error_response, unknown_model
 from router.http.prefix_key import request_chain
 from router.http.proxy import (
@@ -42,11 +43,13 @@ from router.http.proxy import (
     upstream_headers,
 )
 from router.http.reply import to_quart
-from router.http.request_body import BodyError, parse_json, read_body
+from router.http.request_body import json_object, read_body
 from router.http.request_headers import as_sent
+from router.http.scope import scope_refusal
 from router.http.upstream import UpstreamError, UpstreamPool, UpstreamResponse
 from router.shell.ticket import Ticket
 from router.shell.views import Desk
+from statemachine import RequestClass
 
 _HOP = frozenset(name.encode() for name in HOP_BY_HOP | {"cookie"})
 _REPLY_HOP = frozenset(HOP_BY_HOP | {"cookie"})
@@ -84,19 +87,18 @@ async def _pass_get(pool: UpstreamPool, port: int, rest: str, model: str, name: 
     return Response(_relay(upstream), status=upstream.status_code, headers=headers_out)
 
 
-def _admit(desk: Desk, model: str, name: str, rest: str, raw: bytes) -> tuple[Ticket, bool]:
-    """Admit a request below ``/chat/{name}/``: its ticket, and whether it streams. A POST's JSON body (if
-    it is JSON) gives the prefix chain and the body a load restores a cached prompt for."""
+def _admit(
+    desk: Desk, model: str, name: str, rest: str, raw: bytes, klass: RequestClass
+) -> tuple[Ticket, bool]:
+    """Admit a request below ``/chat/{name}/`` in ``klass``: its ticket, and whether it streams. A POST's
+    JSON body (if it is JSON) gives the prefix chain and the body a load restores a cached prompt for."""
     doc = None
     stream = False
     prefix: tuple[int, ...] = ()
     if request.method == "POST":
-        try:
-            doc = parse_json(raw)
-        except BodyError:  # not JSON, or not within the router's limits: the replica judges it
-            doc = None
-        stream = isinstance(doc, dict) and doc.get("stream") is True
-        if isinstance(doc, dict):
+        doc = json_object(raw)  # not JSON, or not within the router's limits: the replica judges it
+        stream = doc is not None and doc.get("stream") is True
+        if doc is not None:
             enabled = desk.config.router.prefix_affinity
             prefix = request_chain(desk.deployment.settings, enabled, model, doc, "/" + rest)
     ticket = desk.admit(
@@ -105,8 +107,10 @@ def _admit(desk: Desk, model: str, name: str, rest: str, raw: bytes) -> tuple[Ti
         endpoint="/chat",
         client=request.remote_addr or "",
         tokens=None,
-        body=doc if isinstance(doc, dict) else None,
+        body=doc,
         prefix=prefix,
+        key=current_client().name,
+        klass=klass,
     )
     g.ticket = ticket
     return ticket, stream
@@ -134,8 +138,12 @@ def register_chat(app: QuartTrio, desk: Desk, proxy: Proxy) -> None:
 
     @app.route("/chat/<name>")
     async def chat_root(name: str) -> Response:
-        if model_of(name) is None:
+        model = model_of(name)
+        if model is None:
             return unknown_model(name, desk.config.models)
+        refusal = scope_refusal(desk.config, current_client(), model, name)
+        if refusal is not None:
+            return error_response(refusal.code, refusal.message)
         return redirect(f"{name}/", 308)  # type: ignore[return-value]
 
     @app.route("/chat/<name>/", methods=["GET", "POST"], defaults={"rest": ""})
@@ -146,12 +154,16 @@ def register_chat(app: QuartTrio, desk: Desk, proxy: Proxy) -> None:
             return unknown_model(name, desk.config.models)
         if rest and any(s in ("", ".", "..") or not SAFE_SEGMENT.match(s) for s in rest.split("/")):
             return error_response(HttpCode.INVALID_PATH, f"'{rest}' is not a plain path below the model")
+        raw = await read_body() if request.method == "POST" else b""
+        klass = check_client(desk.config, current_client(), model, name, request.headers, json_object(raw))
+        if isinstance(klass, Refusal):
+            return error_response(klass.code, klass.message)
         if request.method == "GET":
             port = desk.ready_port([model])
             if port is not None:
                 return await _pass_get(proxy.pool, port, rest, model, name)
-        raw = await read_body()
-        ticket, stream = _admit(desk, model, name, rest, raw)
+            raw = await read_body()
+        ticket, stream = _admit(desk, model, name, rest, raw, klass)
         if request.method == "GET":
             return await _get_when_loaded(ticket, proxy.pool, rest, model, name)
         reply = await proxy.respond(

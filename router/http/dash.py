@@ -34,6 +34,7 @@ from router.http.proxy import Proxy
 from router.journal.history import HistoryQuery, status_range
 from router.observe.metrics import CONTENT_TYPE
 from router.observe.observers import Observers
+from router.observe.status import queue_entry
 from router.shell.views import Desk
 from statemachine import queries
 
@@ -101,10 +102,8 @@ def register_dash(app: QuartTrio, config: Config, desk: Desk, observers: Observe
                 return error_response(HttpCode.INVALID_FILTER, "since must be a number (seconds since 1970)")
             doc = sampler.timeline(after)
             now = trio.current_time()
-            doc["queue"] = [  # ages as of now (the state's clock only moves with events)
-                {"id": q.rid, "target": q.target, "age_s": round(now - q.arrived, 3), "tokens": q.tokens}
-                for q in queries.queued(desk.state)
-            ]
+            # ages as of now (the state's clock only moves with events)
+            doc["queue"] = [queue_entry(q, now) for q in queries.queued(desk.state)]
             return _json(doc)
         if name not in DASH_FILES or name == "dash.html":
             return error_response(HttpCode.NOT_FOUND, f"no dashboard file '{name}'")

@@ -37,10 +37,12 @@ class HttpCode(enum.StrEnum):
     INVALID_PATH = "invalid_path"
     INVALID_FILTER = "invalid_filter"  # a history or timeline query
     INVALID_CONFIG = "invalid_config"  # a reload's new config
+    INVALID_CLASS = "invalid_class"  # x-router-class or service_tier names no class
     MODEL_REQUIRED = "model_required"
     POOL_NOT_ALLOWED = "pool_not_allowed"  # a pool where a single model is needed
     BAD_REQUEST = "bad_request"  # quart's own 400
     INVALID_API_KEY = "invalid_api_key"
+    PERMISSION_DENIED = "permission_denied"  # a model outside the key's scope, an admin action without rights
     CROSS_SITE_NOT_ALLOWED = "cross_site_not_allowed"
     HOST_NOT_ALLOWED = "host_not_allowed"
     ORIGIN_NOT_ALLOWED = "origin_not_allowed"
@@ -95,10 +97,12 @@ ANSWERS: Mapping[ErrorCode, Answer] = {
     HttpCode.INVALID_PATH: Answer(400, _CLIENT),
     HttpCode.INVALID_FILTER: Answer(400, _CLIENT),
     HttpCode.INVALID_CONFIG: Answer(400, _CLIENT),
+    HttpCode.INVALID_CLASS: Answer(400, _CLIENT),
     HttpCode.MODEL_REQUIRED: Answer(400, _CLIENT),
     HttpCode.POOL_NOT_ALLOWED: Answer(400, _CLIENT),
     HttpCode.BAD_REQUEST: Answer(400, _CLIENT),
     HttpCode.INVALID_API_KEY: Answer(401, _AUTH),
+    HttpCode.PERMISSION_DENIED: Answer(403, _DENIED),
     HttpCode.CROSS_SITE_NOT_ALLOWED: Answer(403, _DENIED),
     HttpCode.HOST_NOT_ALLOWED: Answer(403, _DENIED),
     HttpCode.ORIGIN_NOT_ALLOWED: Answer(403, _DENIED),

@@ -20,8 +20,9 @@ import httpx
 import trio
 
 from router.config.load import Config
-from router.http.admission import HeadCheck, check_head, resolve_target
-from router.http.browser_guard import cors_reply_headers
+from router.http.access import Client
+from router.http.admission import HeadCheck, check_client, check_head, resolve_target
+from router.http.browser_guard import Refusal, cors_reply_headers
 from router.http.errors import HttpCode
 from router.http.prefix_key import request_chain
 from router.http.proxy import Proxy, upstream_headers
@@ -95,6 +96,7 @@ class Forwarder:
             bind_host=self.bind_host,
             settings=settings,
             api_keys=self.desk.deployment.api_keys,
+            named=self.desk.config.keys,
         )
         verdict = check.verdict
         cors_origins = settings.cors_origins
@@ -139,7 +141,7 @@ class Forwarder:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
             try:
                 query = scope.get("query_string", b"")
-                reply, admitted = await self._serve(path, raw, raw_headers, client, query)
+                reply, admitted = await self._serve(path, raw, raw_headers, (client, check.client), query)
                 if admitted:
                     headers = dict(reply.headers)
                     cors_reply_headers(headers, verdict.cors_origin, cors_origins)
@@ -189,9 +191,16 @@ class Forwarder:
         return error_reply(HttpCode.REQUEST_TOO_LARGE, message, {"connection": "close"})
 
     async def _serve(
-        self, path: str, raw: bytes, raw_headers: list[tuple[bytes, bytes]], client: str, query: bytes
+        self,
+        path: str,
+        raw: bytes,
+        raw_headers: list[tuple[bytes, bytes]],
+        sender: tuple[str, Client],
+        query: bytes,
     ) -> tuple[Reply, bool]:
-        """The answer, and whether the request was admitted (else the answer is a refusal)."""
+        """The answer, and whether the request was admitted (else the answer is a refusal). ``sender``: the
+        client's address and who its key names."""
+        client, who = sender
         try:
             body = parse_object(raw)
             check_fields(body)
@@ -203,6 +212,10 @@ class Forwarder:
         assert target is not None
         desk = self.desk
         asked = body.get("model")
+        heads = {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(raw_headers)}
+        klass = check_client(desk.config, who, target, asked, heads, body)
+        if isinstance(klass, Refusal):
+            return error_reply(klass.code, klass.message, klass.headers), False
         ticket = desk.admit(
             target,
             asked=asked if isinstance(asked, str) else None,
@@ -214,6 +227,8 @@ class Forwarder:
                 desk.deployment.settings, desk.config.router.prefix_affinity, target, body, path
             ),
             local_only=any(name == HOP for name, _ in raw_headers),
+            key=who.name,
+            klass=klass,
         )
         reply = await self.proxy.respond(
             ticket,

@@ -99,6 +99,15 @@ def parse_json(raw: bytes) -> Any:
     return doc
 
 
+def json_object(raw: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object within the limits above, else None (a body the replica judges itself)."""
+    try:
+        doc = parse_json(raw)
+    except BodyError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def parse_object(raw: bytes, *, empty_ok: bool = False) -> dict[str, Any]:
     """The body as a JSON object; an empty body is ``{}`` when ``empty_ok``. Raises BodyError."""
     doc = parse_json(raw)

@@ -14,7 +14,7 @@ from router.hosts.server_build import UNKNOWN_BUILD, known_build
 from router.observe.rpc_status import rpc_device_entries
 from router.shell.views import RouterView
 from router.version import package_version
-from statemachine import ModelState, ReplicaPhase, State, model_state, queries, replica_state
+from statemachine import ModelState, ReplicaPhase, Request, State, model_state, queries, replica_state
 
 LOG_TAIL_BYTES = 1 << 20  # most of a replica's log file that /logs/{replica} sends
 
@@ -180,6 +180,18 @@ def _remote_capacity(state: State, model: str, peer: str | None) -> dict[str, An
     }
 
 
+def queue_entry(request: Request, now: float) -> dict[str, Any]:
+    """A waiting request as /status and the dashboard show it: its target, age, tokens, key and class."""
+    return {
+        "id": request.rid,
+        "target": request.target,
+        "age_s": round(now - request.arrived, 3),
+        "tokens": request.tokens,
+        "key": request.key or None,
+        "class": request.klass.label,
+    }
+
+
 def waiting_for(state: State, target: str) -> int:
     """Requests queued for ``target`` (a model or a pool) by its own name."""
     fifo = state.queues.get(target)
@@ -242,10 +254,7 @@ def status_document(config: Config, view: RouterView) -> dict[str, Any]:
     return {
         "version": package_version(),
         "llama_server": llama_server_entries(view),
-        "queue": [
-            {"id": q.rid, "target": q.target, "age_s": round(now - q.arrived, 3), "tokens": q.tokens}
-            for q in waiting
-        ],
+        "queue": [queue_entry(q, now) for q in waiting],
         "gpus": gpus,
         "rpc_devices": rpc_device_entries(view),
         "replicas": replicas,

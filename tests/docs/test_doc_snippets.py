@@ -6,7 +6,8 @@
   router makes at startup). Snippets are fragments, so before loading: a snippet without any
   ``[models.NAME]`` table gets one minimal table (``model = "NAME.gguf"``) per pool member it names, or a
   single ``[models.example]`` when it names none; a file a ``*_file`` key names by a relative path (the
-  loader reads those) is created beside the config with a placeholder key. Model files are not created: the
+  loader reads those) is created beside the config with a placeholder key, and a variable a ``key_env``
+  names is set to one (each its own: no two clients share a secret). Model files are not created: the
   loader does not open them (``check_model_files`` does, when a configuration is deployed).
 * A snippet that is wrong on purpose carries the marker ``<!-- snippet: invalid -->`` on the line before
   its fence (blank lines between allowed); it must fail to load. A marker anywhere else is an error.
@@ -38,6 +39,7 @@ import attrs
 import pytest
 
 from router.cli.init_config import MAIN_KEYS
+from router.config.key_specs import KEY_KEYS, SECRET_SOURCES
 from router.config.keyspec import KeySpec, check_value, spec_by_name
 from router.config.load import Config, ConfigError, config_from_dict, load_config
 from router.config.model_keys import DEFAULTABLE_MODEL_KEYS, MODEL_KEYS
@@ -74,6 +76,7 @@ TABLE_KEYS: Mapping[str, tuple[KeySpec, ...]] = {
     "pools": POOL_KEYS,
     "peers": PEER_KEYS,
     "defaults": tuple(spec for spec in MODEL_KEYS if spec.name in DEFAULTABLE_MODEL_KEYS),
+    "keys": KEY_KEYS,
 }
 
 
@@ -200,25 +203,38 @@ def completion(data: Mapping[str, Any]) -> str:
 
 
 def placeholder_files(data: Mapping[str, Any], directory: Path) -> None:
-    """The files ``*_file`` keys name by relative paths, each holding a placeholder key."""
+    """The files ``*_file`` keys name by relative paths, each holding a placeholder key of its own (no two
+    clients may share a secret)."""
     for key, value in _walk(data):
         if key.endswith("_file") and isinstance(value, str) and not Path(value).expanduser().is_absolute():
             target = directory / value
             target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text("placeholder-key\n")
+            target.write_text(f"placeholder-key-{value}\n")
+
+
+def placeholder_env(data: Mapping[str, Any]) -> dict[str, str]:
+    """The environment a snippet's ``key_env`` keys name, each variable holding a placeholder key of its
+    own."""
+    return {
+        value: f"placeholder-key-{value}"
+        for key, value in _walk(data)
+        if key == "key_env" and isinstance(value, str)
+    }
 
 
 def load_snippet(text: str, directory: Path) -> Config:
     """The configuration a snippet makes, through the loader and the flag check the router runs at start."""
     path = directory / "router.toml"
+    env: dict[str, str] = {}
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError:
         path.write_text(text)  # the loader reports it
     else:
         placeholder_files(data, directory)
+        env = placeholder_env(data)
         path.write_text(text + completion(data))
-    config = load_config(path, env={})
+    config = load_config(path, env=env)
     check_flags(config, BINARY, ACCEPTED)
     return config
 
@@ -229,7 +245,8 @@ def load_document(data: Mapping[str, Any], directory: Path) -> Config:
     if "models" not in document:
         document.update(tomllib.loads(completion(document)))
     placeholder_files(document, directory)
-    config = config_from_dict(document, directory / "router.toml", env={}, base_dir=directory)
+    env = placeholder_env(document)
+    config = config_from_dict(document, directory / "router.toml", env=env, base_dir=directory)
     check_flags(config, BINARY, ACCEPTED)
     return config
 
@@ -284,7 +301,7 @@ def test_invalid_markers_sit_right_before_a_toml_fence() -> None:
 
 # -------------------------------------------------------------------------------------- options in the prose
 
-_TABLE = r"\[(router|defaults|devices\.N|rpc_devices\.NAME|models\.NAME|pools\.NAME|peers\.NAME)\]"
+_TABLE = r"\[(router|defaults|devices\.N|rpc_devices\.NAME|models\.NAME|pools\.NAME|peers\.NAME|keys\.NAME)\]"
 _NAME = r"[A-Za-z][\w-]*"
 
 
@@ -367,6 +384,7 @@ def placements(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         "rpc_devices": {
             "rpc_devices": {"r": {"endpoint": "127.0.0.1:50052", "memory_mib": 1000, key: value}}
         },
+        "keys": {"keys": {"k": {key: value} if key in SECRET_SOURCES else {"key": "k-secret", key: value}}},
     }
 
 

@@ -143,6 +143,7 @@ async def test_status_shows_queue_residency_replicas_and_recent_events(tmp_path:
 
     (queued,) = during["queue"]
     assert queued["target"] == "b" and queued["age_s"] >= 0
+    assert queued["key"] is None and queued["class"] == "standard"  # no keys configured: anonymous
     assert during["gpus"][0]["residents"] == ["a"]
     (replica,) = during["replicas"]
     (record,) = read_records(h.records_of("a"))

@@ -24,7 +24,7 @@ def test_the_documented_message_exactly() -> None:
     assert err.key == "models.qwen.parallel"
 
 
-# (key to set, value, the value as the message shows it, words of the rule)
+# (key to set, value, the value as the message shows it (None: a secret it never shows), words of the rule)
 BAD_VALUES = [
     ("router.host", "", '""', "non-empty string"),
     ("router.port", 70000, "70000", "an integer between 0 and 65535"),
@@ -45,8 +45,8 @@ BAD_VALUES = [
     ("router.shutdown_grace", -0.5, "-0.5", "a number >= 0"),
     ("router.shutdown_grace", "soon", '"soon"', "a number >= 0"),
     ("router.max_body_mib", 0, "0", "an integer >= 1"),
-    ("router.api_keys", "sk-1", '"sk-1"', "a list of non-empty strings"),
-    ("router.api_keys", ["sk-1", ""], '["sk-1", ""]', "a list of non-empty strings"),
+    ("router.api_keys", "sk-1", None, "a list of non-empty strings"),
+    ("router.api_keys", ["sk-1", ""], None, "a list of non-empty strings"),
     ("router.api_keys_file", 7, "7", "non-empty path"),
     ("router.history_db", False, "false", "non-empty path"),
     ("router.history_max_rows", 0, "0", "an integer >= 1"),
@@ -105,12 +105,18 @@ BAD_VALUES = [
 
 
 @pytest.mark.parametrize(("key", "value", "shown", "allowed"), BAD_VALUES)
-def test_bad_values_name_file_key_value_and_rule(key: str, value: Any, shown: str, allowed: str) -> None:
+def test_bad_values_name_file_key_value_and_rule(
+    key: str, value: Any, shown: str | None, allowed: str
+) -> None:
     change = setter(key, value)
     if key.startswith("models.qwen.reasoning_effort"):
         change = setter("models.qwen.reasoning_effort", {"options": value})
     message = str(error_of(change))
-    assert message.startswith(f"config error in {FILE}: {key} = {shown} is invalid: "), message
+    if shown is None:
+        assert message.startswith(f"config error in {FILE}: {key} is invalid: "), message
+        assert "sk-1" not in message
+    else:
+        assert message.startswith(f"config error in {FILE}: {key} = {shown} is invalid: "), message
     assert allowed in message
 
 
@@ -144,11 +150,35 @@ def test_unknown_router_key_lists_every_allowed_key() -> None:
 
 
 def test_unknown_top_level_table() -> None:
-    message = str(error_of(setter("modles", {})))
+    message = str(error_of(setter("modles", {"qwen": {"model": "/models/q.gguf"}})))
     assert message == (
-        f"config error in {FILE}: modles = {{}} is not a known key; allowed keys: router, devices, defaults, "
-        "models, pools, peers, rpc_devices"
+        f"config error in {FILE}: modles is not a known key; allowed keys: router, devices, defaults, "
+        "models, pools, peers, rpc_devices, keys"
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("kyes", {"alice": {"key": "sk-hidden-1"}}),  # a table's contents are never shown
+        ("router.api_key", "sk-hidden-1"),  # a key named like a secret
+        ("router.keys", ["sk-hidden-1"]),
+        ("peers.p.api_key", 5),
+        ("keys", "sk-hidden-1"),
+        ("keys.alice", "sk-hidden-1"),
+        ("keys.alice.secret", "sk-hidden-1"),
+    ],
+)
+def test_unknown_or_invalid_secrets_are_never_shown(key: str, value: Any) -> None:
+    def change(data: dict[str, Any]) -> None:
+        setter(key, value)(data)
+        if key.startswith("peers.p"):
+            data["peers"]["p"]["url"] = "http://10.0.0.2:8080"
+
+    error = error_of(change)
+    assert "sk-hidden-1" not in str(error) and " = 5" not in str(error), error
+    assert str(error).startswith(f"config error in {FILE}: {key} is "), error
+    assert "\n" not in str(error)
 
 
 @pytest.mark.parametrize(
@@ -180,9 +210,8 @@ def test_unknown_top_level_table() -> None:
 @pytest.mark.parametrize("table", ["models.qwen", "defaults"])
 def test_flags_the_router_sets_are_refused_with_a_hint(table: str, key: str, hint: str) -> None:
     message = str(error_of(setter(f"{table}.{key}", 4096)))
-    assert (
-        f"{FILE}: {table}.{key} = 4096 is invalid: the router sets this llama-server flag itself; " in message
-    )
+    shown = f"{table}.{key}" if key == "api-key" else f"{table}.{key} = 4096"  # a secret is never shown
+    assert f"{FILE}: {shown} is invalid: the router sets this llama-server flag itself; " in message
     assert hint in message
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from router.config.key_specs import KEY_KEYS
 from router.config.load import ConfigError, config_from_dict, load_config, read_api_keys
 from router.config.model_keys import MODEL_KEYS
 from router.config.schema import DEVICE_KEYS, PEER_KEYS, POOL_KEYS, ROUTER_KEYS, RPC_DEVICE_KEYS
@@ -32,6 +33,8 @@ def test_the_example_loads_and_sets_every_key() -> None:
     assert set(data["pools"]["chat"]) == {spec.name for spec in POOL_KEYS}
     assert set(data["peers"]["attic"]) | {"api_key_file"} == {spec.name for spec in PEER_KEYS}
     assert config.peers["attic"].models == ("big",)
+    assert set(data["keys"]["alice"]) | {"key_env", "key_file"} == {spec.name for spec in KEY_KEYS}
+    assert config.keys["alice"].klass == "interactive" and config.keys["alice"].weight == 2
 
 
 def test_json_is_equivalent_to_toml(tmp_path: Path) -> None:

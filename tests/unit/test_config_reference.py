@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from router.config.key_specs import KEY_KEYS
 from router.config.load import reference_markdown
 from router.config.model_keys import MODEL_KEYS
 from router.config.schema import DEVICE_KEYS, PEER_KEYS, POOL_KEYS, ROUTER_KEYS
@@ -18,9 +19,10 @@ def test_reference_mentions_every_key() -> None:
         "### `[models.NAME]`",
         "### `[pools.NAME]`",
         "### `[peers.NAME]`",
+        "### `[keys.NAME]`",
     ):
         assert heading in text
-    for spec in ROUTER_KEYS + DEVICE_KEYS + MODEL_KEYS + POOL_KEYS + PEER_KEYS:
+    for spec in ROUTER_KEYS + DEVICE_KEYS + MODEL_KEYS + POOL_KEYS + PEER_KEYS + KEY_KEYS:
         assert re.search(rf"^\| `{spec.name}`", text, re.MULTILINE), spec.name
     for spec in ROUTER_KEYS:
         if spec.env:

@@ -466,9 +466,10 @@
         h("td", { class: "num", text: String(i + 1) }),
         h("td", {}, h("span", { class: "chip" }, swatch(q.target), q.target)),
         h("td", { class: "num", text: fmtAge(q.age_s) }),
+        h("td", { class: "queue-client", text: (q.key || "anonymous") + " · " + (q.class || "standard") }),
         h("td", { class: "num wide", text: q.tokens === null ? "–" : fmtInt(q.tokens) }),
         h("td", { class: "mono wide", text: "#" + q.id })));
-    replace($("queue"), table([["#", "num"], ["waits for"], ["age", "num"], ["tokens", "num wide"], ["request", "wide"]], rows, "Nothing waiting."));
+    replace($("queue"), table([["#", "num"], ["waits for"], ["age", "num"], ["client · class"], ["tokens", "num wide"], ["request", "wide"]], rows, "Nothing waiting."));
     $("queue-hint").textContent = queue.length ? `${queue.length} waiting` : "";
   }
 
