@@ -6,9 +6,13 @@ checks every state on the way, so the failure shows again without Hypothesis.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from statemachine import Event, Settings
+
+# An enum member's repr (``<RequestClass.BATCH: 2>``) is not Python; its qualified name is.
+_MEMBER = re.compile(r"<(\w+\.\w+): [^>]*>")
 
 _HEADER = """\
 from pyrsistent import pmap
@@ -27,10 +31,14 @@ for number, event in enumerate(events):
 
 
 def replay_code(settings: Settings, events: Sequence[Event]) -> str:
-    lines = [_HEADER, f"settings = {settings!r}", "events = ["]
-    lines.extend(f"    {event!r}," for event in events)
+    lines = [_HEADER, f"settings = {_code(settings)}", "events = ["]
+    lines.extend(f"    {_code(event)}," for event in events)
     lines.append("]")
     return "\n".join(lines) + "\n" + _FOOTER
+
+
+def _code(value: object) -> str:
+    return _MEMBER.sub(r"\1", repr(value))
 
 
 def replay_banner(settings: Settings, events: Sequence[Event]) -> str:
