@@ -19,30 +19,38 @@ from __future__ import annotations
 
 from pyrsistent.typing import PMap
 
+from .classes import RequestClass
 from .settings import Policy
 from .state import Request
 
 Rank = tuple[int, float, int]
 
 
-class Tags:
-    """The keys' finish tags during one step: read from the state's map once each, and those this step
-    moved (``served`` counts the moves, so a rank computed before one can be told stale)."""
+class FairShare:
+    """The keys' finish tags and the virtual clock during one step: each tag read from the state's map once,
+    those this step moved kept apart (``served`` counts the moves, so a rank computed before one can be
+    told stale)."""
 
-    def __init__(self, base: PMap[str, float]) -> None:
+    def __init__(self, base: PMap[str, float], vclock: float) -> None:
         self.base = base
+        self.vclock = vclock
         self.read: dict[str, float] = {}
         self.moved: dict[str, float] = {}
         self.served = 0
 
-    def get(self, key: str) -> float:
+    def tag(self, key: str) -> float:
+        """``key``'s start tag if it were served now: its finish tag, or the clock if it lags behind."""
         tag = self.read.get(key)
         if tag is None:
             tag = self.read[key] = self.base.get(key, 0.0)
-        return tag
+        return max(tag, self.vclock)
 
-    def move(self, key: str, tag: float) -> None:
-        self.read[key] = self.moved[key] = tag
+    def serve(self, key: str, weight: float) -> None:
+        """A dispatch of ``key``'s request starts at its tag, moves its finish tag on by ``1 / weight`` and
+        the clock to that start."""
+        start = self.tag(key)
+        self.read[key] = self.moved[key] = start + 1.0 / weight
+        self.vclock = start
         self.served += 1
 
     def persistent(self) -> PMap[str, float]:
@@ -54,15 +62,15 @@ def aged(policy: Policy, request: Request, now: float) -> bool:
     return now >= request.arrived + policy.max_wait[request.klass]
 
 
-def rank(policy: Policy, fair: Tags, vclock: float, request: Request, now: float) -> Rank:
+def rank(policy: Policy, fair: FairShare, request: Request, now: float) -> Rank:
     if aged(policy, request, now):
         return (0, 0.0, request.seq)
-    return (1 + request.klass, max(fair.get(request.key), vclock), request.seq)
+    return (1 + request.klass, fair.tag(request.key), request.seq)
 
 
 def claim_time(policy: Policy, request: Request) -> float:
     """From when a request that needs a swap holds its GPUs against the requests ranked after it: an
     interactive one at once, any other after the head grace or its class's maximum wait (the earlier)."""
-    if request.klass == 0:
+    if request.klass == RequestClass.INTERACTIVE:
         return request.arrived
     return request.arrived + min(policy.claim_after, policy.max_wait[request.klass])

@@ -92,11 +92,11 @@ def schedule(w: Work) -> None:
 def _best_head(w: Work, target: str) -> tuple[Rank, Request] | None:
     """The first-ranked of the heads of ``target``'s lanes (None: nothing waits for it)."""
     queue = w.queue(target)
-    requests, policy, fair, vclock, now = w.requests, w.policy, w.fair, w.vclock, w.now
+    requests, policy, fair, now = w.requests, w.policy, w.fair, w.now
     best: tuple[Rank, Request] | None = None
     for rid in queue.heads():
         request = requests[rid]
-        ranked = rank(policy, fair, vclock, request, now)
+        ranked = rank(policy, fair, request, now)
         if best is None or ranked < best[0]:
             best = (ranked, request)
     return best

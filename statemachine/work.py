@@ -13,7 +13,7 @@ from pyrsistent.typing import PSet
 from .affinity import Chain, remember, shared
 from .commands import Command, Dispatch, Eviction, Forward, Kill, KillCause, Reject, RejectCode, Spawn
 from .lanes import EMPTY_QUEUE, TargetQueue
-from .order import Tags
+from .order import FairShare
 from .settings import ModelSpec
 from .state import (
     INFLIGHT,
@@ -63,8 +63,7 @@ class Work:
         self.failing: set[str] = set(state.failing)
         self.peer_inflight: dict[str, PSet[int]] = dict(state.peer_inflight)
         self.peers_down: dict[str, str] = dict(state.peers_down)
-        self.fair = Tags(state.fair)
-        self.vclock = state.vclock
+        self.fair = FairShare(state.fair, state.vclock)
         self.overflow: list[int] = []
         self.cmds: list[Command] = []
 
@@ -90,7 +89,7 @@ class Work:
             peer_inflight=pmap(self.peer_inflight) if self.peer_inflight else pmap(),
             peers_down=pmap(self.peers_down) if self.peers_down else pmap(),
             fair=self.fair.persistent(),
-            vclock=self.vclock,
+            vclock=self.fair.vclock,
             index=ReplicaIndex(replicas, self.settings, self.by_model, self.memo),
         )
 
@@ -207,12 +206,6 @@ class Work:
             self.queues.pop(request.target, None)
         self.waiting -= 1
 
-    def _served(self, request: Request) -> None:
-        """Fair share: the dispatch of ``request`` starts at its key's tag and moves the tag on."""
-        start = max(self.fair.get(request.key), self.vclock)
-        self.fair.move(request.key, start + 1.0 / self.settings.weight(request.key))
-        self.vclock = start
-
     def reject(self, request: Request, code: RejectCode, message: str) -> None:
         """End a queued or in-flight request with an error."""
         if request.phase == QUEUED:
@@ -224,7 +217,7 @@ class Work:
     def dispatch(self, request: Request, replica: Replica, model: str) -> None:
         self.requests.remove(request.rid)
         self._leave_queue(request)
-        self._served(request)
+        self.fair.serve(request.key, self.settings.weight(request.key))
         self.requests[request.rid] = attrs.evolve(request, phase=INFLIGHT, replica=replica.id, model=model)
         memory = replica.memory
         if request.prefix:
@@ -241,7 +234,7 @@ class Work:
         """Send a queued request to ``peer``, which serves ``model``."""
         self.requests.remove(request.rid)
         self._leave_queue(request)
-        self._served(request)
+        self.fair.serve(request.key, self.settings.weight(request.key))
         self.requests[request.rid] = attrs.evolve(request, phase=INFLIGHT, peer=peer, model=model)
         self.peer_inflight[peer] = self.peer_inflight.get(peer, pset()).add(request.rid)
         self.last_used[model] = self.now

@@ -8,8 +8,10 @@ from collections.abc import Sequence
 from statemachine import (
     Dispatch,
     Event,
+    Forward,
     Kill,
     ModelSpec,
+    PeerSpec,
     Policy,
     ReplicaExited,
     ReplicaReady,
@@ -213,3 +215,26 @@ def test_an_aged_request_goes_before_an_older_interactive_one_that_has_not_aged(
     assert went == [1]
     _, order = drain(state, 1, 2)
     assert order == [3, 2]
+
+
+def test_keys_waiting_for_a_peer_take_its_places_in_turn() -> None:
+    # checks: INV-FAIR
+    settings = Settings(
+        models=[ModelSpec("far", gpus=(), peer="box")],
+        peers=[PeerSpec("box", max_in_flight=1)],
+        weights={"a": 1, "b": 1},
+    )
+    state = initial_state(settings)
+    went: list[int] = []
+    for event in [RequestArrived(rid, "far", key="a") for rid in range(1, 5)] + [
+        RequestArrived(rid, "far", key="b") for rid in range(11, 13)
+    ]:
+        state, commands = step(state, event)
+        went += [c.rid for c in commands if isinstance(c, Forward)]
+    assert went == [1]
+    for _ in range(5):
+        state, commands = step(state, RequestFinished(went[-1]))
+        check(state)
+        went += [c.rid for c in commands if isinstance(c, Forward)]
+    # each forward moves its key's tag on, as a dispatch here does: b is not left behind a's backlog
+    assert went == [1, 11, 2, 12, 3, 4], went
