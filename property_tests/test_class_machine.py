@@ -11,6 +11,9 @@ waited its class's maximum wait, else 1 + its class):
 - INV-CLASS: a dispatch never passes over a waiting request of a better band; within a band, a key's
   requests go in arrival order; no slot stays free while a request waits;
 - INV-AGED: among aged requests (band 0), the oldest goes first, whatever its key or class;
+- INV-KEY-QUEUE: a key with ``max_queued = N`` never has more than N requests waiting after a step; its
+  request is refused with ``key_queue_full`` only when N of its requests waited already and it could not go
+  at once, and never in place of the whole queue's ``queue_full``;
 - INV-FAIR (``FairMachine``: one class, no aging): while two keys both keep requests waiting, their dispatch
   counts ``n`` follow their weights ``w``: ``|n_a / w_a - n_b / w_b| <= 2 / min(w_a, w_b)``.
 """
@@ -27,6 +30,8 @@ from statemachine import (
     Event,
     ModelSpec,
     Policy,
+    Reject,
+    RejectCode,
     ReplicaReady,
     RequestArrived,
     RequestClass,
@@ -60,11 +65,21 @@ class ClassMachine(RuleBasedStateMachine):
         self.running: dict[int, int] = {}  # rid -> replica
         self.slots: dict[int, int] = {}  # ready replica -> free slots
         self.seq = 0
+        self.rejected: list[tuple[int, RejectCode]] = []
+        self.max_queued: dict[str, int] = {}
 
-    def build(self, replicas: int, slots: int, weights: dict[str, int], max_wait: tuple[float, ...]) -> None:
+    def build(
+        self,
+        replicas: int,
+        slots: int,
+        weights: dict[str, int],
+        max_wait: tuple[float, ...],
+        max_queued: dict[str, int | None] | None = None,
+    ) -> None:
         model = ModelSpec("m", replicas=replicas, slots=slots, pinned=True)
-        policy = Policy(max_wait=(max_wait[0], max_wait[1], max_wait[2]))
-        self.settings = Settings(models=[model], policy=policy, weights=weights)
+        policy = Policy(max_wait=(max_wait[0], max_wait[1], max_wait[2]), queue_limit=8)
+        self.max_queued = {k: n for k, n in (max_queued or {}).items() if n is not None}
+        self.settings = Settings(models=[model], policy=policy, weights=weights, max_queued=self.max_queued)
         self.slot_count = slots
         self.state = initial_state(self.settings)
         self.feed(Startup())
@@ -92,6 +107,8 @@ class ClassMachine(RuleBasedStateMachine):
                     self.slots[replica] -= 1
                     self.running[rid] = replica
                     dispatched.append(rid)
+                case Reject(rid=rid, code=code):
+                    self.rejected.append((rid, code))
         return dispatched
 
     def band(self, rid: int) -> int:
@@ -99,7 +116,11 @@ class ClassMachine(RuleBasedStateMachine):
         return 0 if self.now >= arrived + self.max_wait[klass] else 1 + klass
 
     def after_step(self, before: dict[int, tuple[str, RequestClass, float, int]], went: list[int]) -> None:
-        """checks: INV-CLASS INV-AGED"""
+        """checks: INV-CLASS INV-AGED INV-KEY-QUEUE"""
+        refused = {rid for rid, _ in self.rejected}
+        self.check_refusals(before, went)
+        self.rejected.clear()
+        before = {rid: r for rid, r in before.items() if rid not in refused}
         self.waiting = before
         bands = {rid: self.band(rid) for rid in before}
         left = [rid for rid in before if rid not in went]
@@ -118,6 +139,27 @@ class ClassMachine(RuleBasedStateMachine):
             free = {r: n for r, n in self.slots.items() if n}
             assert not free, f"INV-CLASS: {len(self.waiting)} requests wait while replicas {free} have room"
 
+    def check_refusals(
+        self, before: dict[int, tuple[str, RequestClass, float, int]], went: list[int]
+    ) -> None:
+        """INV-KEY-QUEUE, for a step whose arrivals may have been refused (only arrivals are, here)."""
+        for rid, code in self.rejected:
+            assert code in (RejectCode.QUEUE_FULL, RejectCode.KEY_QUEUE_FULL), f"{rid} refused: {code}"
+            key = before[rid][0]
+            assert rid not in went, f"{rid} both dispatched and refused"
+            others = [r for r in before if r != rid]  # what waited as it arrived
+            if code is RejectCode.QUEUE_FULL:
+                assert len(others) >= 8, f"INV-LIMITS: {rid} refused with {len(others)} waiting"
+            else:
+                mine = [r for r in others if before[r][0] == key]
+                limit = self.max_queued.get(key)
+                assert limit is not None and len(mine) >= limit, f"INV-KEY-QUEUE: {rid} refused, {mine} wait"
+                assert len(others) < 8, "INV-KEY-QUEUE: key_queue_full where the whole queue was full"
+        refused = {r for r, _ in self.rejected}
+        waiting = [before[r][0] for r in before if r not in went and r not in refused]
+        for key, limit in self.max_queued.items():
+            assert waiting.count(key) <= limit, f"INV-KEY-QUEUE: {waiting.count(key)} of {key!r} wait"
+
     def on_dispatch(self, rid: int) -> None:
         """A hook for the fair-share machine."""
 
@@ -127,10 +169,18 @@ class ClassMachine(RuleBasedStateMachine):
         slots=st.integers(1, 2),
         weights=st.fixed_dictionaries({k: st.integers(1, 3) for k in KEYS[1:]}),
         max_wait=st.tuples(*[st.sampled_from((0.0, 1.0, 3.0, 1e9))] * 3),
+        max_queued=st.fixed_dictionaries({k: st.sampled_from((None, 0, 1, 3)) for k in KEYS[1:]}),
     )
-    def setup(self, replicas: int, slots: int, weights: dict[str, int], max_wait: tuple[float, ...]) -> None:
+    def setup(
+        self,
+        replicas: int,
+        slots: int,
+        weights: dict[str, int],
+        max_wait: tuple[float, ...],
+        max_queued: dict[str, int | None],
+    ) -> None:
         self.max_wait = (max_wait[0], max_wait[1], max_wait[2])
-        self.build(replicas, slots, weights, max_wait)
+        self.build(replicas, slots, weights, max_wait, max_queued)
 
     @rule(key=st.sampled_from(KEYS), klass=st.sampled_from(RequestClass), count=st.integers(1, 3))
     def arrive(self, key: str, klass: RequestClass, count: int) -> None:

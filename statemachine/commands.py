@@ -84,6 +84,7 @@ class RejectCode(enum.StrEnum):
     with are the shell's to choose (one table in ``router.http.errors``); the scheduler names the fact."""
 
     QUEUE_FULL = "queue_full"  # the waiting queue is at its bound
+    KEY_QUEUE_FULL = "key_queue_full"  # its key has max_queued requests waiting (the key's own bound)
     MODEL_NOT_FOUND = "model_not_found"  # no model or pool of that name (on arrival, or removed by a reload)
     MODEL_UNAVAILABLE = "model_unavailable"  # nothing can serve the request now or get a replica for it
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"  # more tokens than any candidate's slot holds

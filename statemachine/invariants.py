@@ -49,9 +49,12 @@ def check(state: State) -> None:
             if request is None or request.phase != INFLIGHT or request.replica != replica.id:
                 _fail("INV-REQUEST-HOME", f"replica {replica.id} holds request {rid} that is not its own")
     queued = 0
+    by_key: dict[str, int] = {}
     for request in state.requests.values():
         if request.phase == QUEUED:
             queued += 1
+            if request.key:
+                by_key[request.key] = by_key.get(request.key, 0) + 1
             if request.replica is not None:
                 _fail("INV-REQUEST-HOME", f"queued request {request.rid} names replica {request.replica}")
         elif request.peer is not None:
@@ -63,6 +66,11 @@ def check(state: State) -> None:
                 _fail("INV-REQUEST-HOME", f"request {request.rid} is {request.phase} but no replica holds it")
     if queued != state.waiting:
         _fail("INV-QUEUE", f"{queued} requests are queued but the count says {state.waiting}")
+    if by_key != dict(state.queued_by_key):
+        _fail(
+            "INV-KEY-QUEUE",
+            f"requests waiting per key are {by_key}, the counts say {dict(state.queued_by_key)}",
+        )
     _check_queues(state, queued)
     if state.shutting_down and queued:
         _fail("INV-SHUTDOWN", f"{queued} requests still wait after shutdown began")

@@ -79,10 +79,10 @@ def schedule(w: Work) -> None:
         nxt = _best_head(w, target)
         if nxt is not None:
             heapq.heappush(heap, (nxt[0], target, fair.served, nxt[1]))
-    for rid in w.overflow:
+    for rid, code in w.overflow:
         request = w.request(rid)
         if request is not None and request.phase == "queued":
-            w.reject(request, RejectCode.QUEUE_FULL, _overflow_message(w, request))
+            w.reject(request, code, _overflow_message(w, request, code))
     w.overflow.clear()
     _reap_drained(w)
     _expire_idle(w, wake)
@@ -102,7 +102,13 @@ def _best_head(w: Work, target: str) -> tuple[Rank, Request] | None:
     return best
 
 
-def _overflow_message(w: Work, request: Request) -> str:
+def _overflow_message(w: Work, request: Request, code: RejectCode) -> str:
+    if code is RejectCode.KEY_QUEUE_FULL:
+        limit = w.settings.max_queued[request.key]
+        return (
+            f"the key '{request.key}' has {limit} requests waiting already (its max_queued = {limit}); "
+            "retry when one has been served, or raise max_queued in its [keys] table"
+        )
     pool = w.settings.pools.get(request.target)
     limit = w.policy.queue_limit
     if pool is not None and w.queue(pool.name).count > w.policy.routing_queue_limit:

@@ -118,9 +118,13 @@ def _arrived(w: Work, e: RequestArrived) -> None:
     over = w.waiting >= w.policy.queue_limit
     if pool is not None and w.queue(pool.name).count >= w.policy.routing_queue_limit:
         over = True
-    if over:
+    code = RejectCode.QUEUE_FULL if over else None
+    own_limit = w.settings.max_queued.get(e.key)  # checked after the whole queue's limits
+    if code is None and own_limit is not None and w.queued_of(e.key) >= own_limit:
+        code = RejectCode.KEY_QUEUE_FULL
+    if code is not None:
         request = attrs.evolve(request, overflow=True)
-        w.overflow.append(e.rid)
+        w.overflow.append((e.rid, code))
     w.enqueue(request)
 
 

@@ -136,6 +136,8 @@ class Settings:
     peers: PMap[str, PeerSpec] = attrs.field(factory=pmap, converter=_peers)
     # Fair share: the weight of each named key (a key not named here, the anonymous "" included, weighs 1).
     weights: PMap[str, int] = attrs.field(factory=pmap, converter=pmap)
+    # The most requests each named key may have waiting at once (a key not named here: only queue_limit).
+    max_queued: PMap[str, int] = attrs.field(factory=pmap, converter=pmap)
     # Plain-dict views for the scheduler's hot path, derived once (not part of equality or repr).
     model_table: dict[str, ModelSpec] = attrs.field(init=False, eq=False, repr=False)
     pool_table: dict[str, PoolSpec] = attrs.field(init=False, eq=False, repr=False)

@@ -126,6 +126,8 @@ class State:
     # Fair share between keys (statemachine/order.py): each key's finish tag, and the virtual clock.
     fair: PMap[str, float] = attrs.field(factory=pmap)
     vclock: float = 0.0
+    # How many requests of each named key wait (keys with none waiting are left out; "" is never counted).
+    queued_by_key: PMap[str, int] = attrs.field(factory=pmap)
     # A cache for step(): replicas by model and each model's (free slot?, live replicas). Trusted only for the
     # very ``replicas`` tuple and ``settings`` it was built for; never part of equality or repr.
     index: ReplicaIndex | None = attrs.field(default=None, eq=False, repr=False)

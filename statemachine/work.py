@@ -64,7 +64,8 @@ class Work:
         self.peer_inflight: dict[str, PSet[int]] = dict(state.peer_inflight)
         self.peers_down: dict[str, str] = dict(state.peers_down)
         self.fair = FairShare(state.fair, state.vclock)
-        self.overflow: list[int] = []
+        self.queued_by_key = state.queued_by_key.evolver()
+        self.overflow: list[tuple[int, RejectCode]] = []  # admitted over a bound: rejected unless they go now
         self.cmds: list[Command] = []
 
     def freeze(self) -> State:
@@ -90,12 +91,17 @@ class Work:
             peers_down=pmap(self.peers_down) if self.peers_down else pmap(),
             fair=self.fair.persistent(),
             vclock=self.fair.vclock,
+            queued_by_key=self.queued_by_key.persistent(),
             index=ReplicaIndex(replicas, self.settings, self.by_model, self.memo),
         )
 
     # ----------------------------------------------------------------- reading
     def request(self, rid: int) -> Request | None:
         return self.requests[rid] if rid in self.requests else None  # noqa: SIM401 (evolver)
+
+    def queued_of(self, key: str) -> int:
+        """How many requests of ``key`` wait."""
+        return self.queued_by_key[key] if key in self.queued_by_key else 0  # noqa: SIM401 (evolver)
 
     def queue(self, target: str) -> TargetQueue:
         return self.queues.get(target, EMPTY_QUEUE)
@@ -191,6 +197,8 @@ class Work:
         self.requests[request.rid] = request
         self.queues[request.target] = self.queue(request.target).push(request.lane, request.rid)
         self.waiting += 1
+        if request.key:
+            self.queued_by_key[request.key] = self.queued_of(request.key) + 1
 
     def unqueue(self, request: Request) -> None:
         """Take a queued request out of its queue and forget it."""
@@ -205,6 +213,12 @@ class Work:
         else:
             self.queues.pop(request.target, None)
         self.waiting -= 1
+        if request.key:
+            left = self.queued_by_key[request.key] - 1
+            if left:
+                self.queued_by_key[request.key] = left
+            else:
+                del self.queued_by_key[request.key]
 
     def reject(self, request: Request, code: RejectCode, message: str) -> None:
         """End a queued or in-flight request with an error."""

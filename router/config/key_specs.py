@@ -80,21 +80,23 @@ KEY_KEYS: tuple[KeySpec, ...] = (
         "requests_per_minute",
         INTEGER,
         None,
-        "Most requests the key may send per minute. Checked and kept, not enforced yet.",
+        "Most requests the key may send in any 60 s; beyond it 429 `rate_limit_exceeded` with `Retry-After`.",
         1,
     ),
     KeySpec(
         "tokens_per_day",
         INTEGER,
         None,
-        "Most tokens (prompt and generated) the key may use per day. Checked and kept, not enforced yet.",
+        "Most tokens (prompt and completion, from the replies' usage) the key may use in any 24 h; beyond it "
+        "429 `rate_limit_exceeded` with `Retry-After`.",
         1,
     ),
     KeySpec(
         "max_queued",
         INTEGER,
         None,
-        "Most requests of the key that may wait in the queue at once. Checked and kept, not enforced yet.",
+        "Most requests of the key that may wait in the queue at once; beyond it 429 `key_queue_full`. Unset: "
+        "half of `queue_limit` where two or more named keys are configured, else only `queue_limit`.",
         1,
     ),
 )

@@ -160,7 +160,8 @@ class KeyConfig:
     """``[keys.NAME]``: a named client. ``secret`` is the key it presents (from ``key``, the variable
     ``key_env`` or the file ``key_file``), kept out of ``repr``; ``klass`` its class label
     (``router.config.key_specs.CLASSES``); ``models`` its globs over model, pool and alias names (None:
-    everything). The three limits are kept, not enforced yet."""
+    everything). ``max_queued`` goes to the scheduler (``Settings.max_queued``); the two limits over time
+    are kept by ``router.shell.quota``."""
 
     name: str
     secret: str = attrs.field(repr=False)

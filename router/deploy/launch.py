@@ -13,7 +13,7 @@ import attrs
 
 from router.config.llama_args import llama_server_argv
 from router.config.load import Config, ConfigError, resolve_gpus
-from router.config.values import ModelConfig
+from router.config.values import KeyConfig, ModelConfig
 from router.deploy.rpc_devices import exclusive_need, model_devices, rpc_argv, rpc_devices
 from router.placement.prompt_cache import CRAM_MIN_MIB
 
@@ -172,7 +172,25 @@ def scheduler_settings(
         max_wait=(r.max_wait_interactive, r.max_wait_standard, r.max_wait_batch),
     )
     weights = {name: key.weight for name, key in config.keys.items()}
-    return Settings(models=models, pools=pools, devices=devices, policy=policy, weights=weights)
+    return Settings(
+        models=models,
+        pools=pools,
+        devices=devices,
+        policy=policy,
+        weights=weights,
+        max_queued=key_queue_limits(config.keys, r.queue_limit),
+    )
+
+
+def key_queue_limits(keys: Mapping[str, KeyConfig], queue_limit: int) -> dict[str, int]:
+    """Each named key's own bound on its waiting requests: its ``max_queued``; where two or more named keys
+    are configured, one without it may hold at most half of ``queue_limit``, so that no single client can
+    fill the queue for everybody. (One named key alone, or none, is bounded by ``queue_limit`` only.)"""
+    limits = {name: key.max_queued for name, key in keys.items() if key.max_queued is not None}
+    if len(keys) >= 2:
+        for name in keys:
+            limits.setdefault(name, queue_limit // 2)
+    return limits
 
 
 def check_pinned(config: Config, settings: Settings) -> None:

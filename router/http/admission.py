@@ -9,6 +9,7 @@
 5. The name: a model, a pool, an alias or a peer's model, or the default pool (``resolve_target``), which
    must be in the client's scope (``scope``).
 6. The class: the client's, lowered when the request asks (``request_class``).
+7. The key's own limits over time (``router.shell.quota``: requests_per_minute, tokens_per_day): 429.
 
 The API's forwarding path (``router.http.forward``) and the quart app (pages, admin actions, ``/upstream``,
 ``/chat``) both call these functions; a refusal is an OpenAI-shaped answer that says why and what to do, and
@@ -32,6 +33,7 @@ from router.http.errors import HttpCode, unknown_model_message
 from router.http.request_class import request_class
 from router.http.request_headers import bad_header, headers_too_large
 from router.http.scope import scope_refusal
+from router.shell.quota import OverLimit
 from statemachine import RejectCode, RequestClass
 
 # /health for probes; the pages and their files hold no data (they ask for a key themselves).
@@ -127,13 +129,21 @@ def check_client(
     asked: object,
     headers: Mapping[str, str],
     body: Mapping[str, Any] | None,
+    over_limit: Callable[[str], OverLimit | None],
 ) -> RequestClass | Refusal:
-    """Steps 5 and 6 once the target is known: the refusal of a target outside the client's scope or of a
-    class the request names wrongly, else the class it is served in."""
+    """Steps 5 to 7 once the target is known: the refusal of a target outside the client's scope, of a
+    class the request names wrongly or of a key over its own limits (``over_limit``, which counts the
+    request when it is not), else the class it is served in."""
     refusal = scope_refusal(config, client, target, asked)
     if refusal is not None:
         return refusal
-    return request_class(client, headers, body)
+    klass = request_class(client, headers, body)
+    if isinstance(klass, Refusal):
+        return klass
+    over = over_limit(client.name)
+    if over is not None:
+        return Refusal(HttpCode.RATE_LIMIT_EXCEEDED, over.message, over.headers)
+    return klass
 
 
 def current_client() -> Client:

@@ -117,6 +117,7 @@ def _register_admission(app: QuartTrio, config: Config, desk: Desk) -> None:
             asked=asked,
             status=response.status_code,
             body=await response.get_data(),
+            key=current_client().name,
         )
         desk.publish(record)
         return response
@@ -217,9 +218,11 @@ def _register_upstream(app: QuartTrio, desk: Desk, proxy: Proxy) -> None:
             return error_response(HttpCode.INVALID_PATH, f"'{rest}' is not a plain path below the model")
         raw = await read_body()
         client = current_client()
-        klass = check_client(config, client, target, model, request.headers, json_object(raw))
+        klass = check_client(
+            config, client, target, model, request.headers, json_object(raw), desk.over_limit
+        )
         if isinstance(klass, Refusal):
-            return error_response(klass.code, klass.message)
+            return error_response(klass.code, klass.message, klass.headers)
         ticket = desk.admit(
             target,
             asked=model,

@@ -155,9 +155,13 @@ def register_chat(app: QuartTrio, desk: Desk, proxy: Proxy) -> None:
         if rest and any(s in ("", ".", "..") or not SAFE_SEGMENT.match(s) for s in rest.split("/")):
             return error_response(HttpCode.INVALID_PATH, f"'{rest}' is not a plain path below the model")
         raw = await read_body() if request.method == "POST" else b""
-        klass = check_client(desk.config, current_client(), model, name, request.headers, json_object(raw))
+        # The page's own files (GET) count against no limit; its API calls (POST) do.
+        over_limit = desk.over_limit if request.method == "POST" else _no_limit
+        klass = check_client(
+            desk.config, current_client(), model, name, request.headers, json_object(raw), over_limit
+        )
         if isinstance(klass, Refusal):
-            return error_response(klass.code, klass.message)
+            return error_response(klass.code, klass.message, klass.headers)
         if request.method == "GET":
             port = desk.ready_port([model])
             if port is not None:
@@ -176,3 +180,7 @@ def register_chat(app: QuartTrio, desk: Desk, proxy: Proxy) -> None:
             stream=stream,
         )
         return to_quart(reply)
+
+
+def _no_limit(key: str) -> None:
+    return None

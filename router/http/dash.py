@@ -9,8 +9,12 @@ Routes:
 - ``GET /metrics``: Prometheus text (see ``router.observe.metrics``).
 - ``GET /history?limit=&model=&status=``: ``{"rows": [...], "source": "db"|"memory", "written", "lost"}``,
   newest first. ``status`` is a code, ``2xx``/``4xx``/``5xx``, ``ok`` or ``error``.
+- ``GET /usage?since=&until=&key=``: ``{"keys": {NAME: {requests, errors, prompt_tokens,
+  completion_tokens, cached_tokens, queue_seconds, replica_seconds}}, "source"}`` over the history (every
+  parameter optional: all of it, every key; "" is the anonymous clients'); times are seconds since 1970 or
+  ISO 8601.
 - ``GET /dash``: the dashboard (static files from ``router/http/static``); it polls /status, /history,
-  /dash/timeline and /plan (each model's placement verdict in words).
+  /usage, /dash/timeline and /plan (each model's placement verdict in words).
 - ``GET /dash/timeline?since=T``: per-GPU samples of the last hour newer than wall-clock time ``T``, and
   the queue with each request's age right now.
 - ``/chat/{model}/...``: see ``router.http.chat_page``.
@@ -20,6 +24,7 @@ Routes:
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import trio
@@ -32,6 +37,7 @@ from router.http.errors import HttpCode, error_response
 from router.http.pages import DASH_FILES, register_pages
 from router.http.proxy import Proxy
 from router.journal.history import HistoryQuery, status_range
+from router.journal.key_usage import UsageQuery
 from router.observe.metrics import CONTENT_TYPE
 from router.observe.observers import Observers
 from router.observe.status import queue_entry
@@ -43,6 +49,21 @@ STATIC = Path(__file__).resolve().with_name("static")
 
 def _json(doc: object, status: int = 200) -> Response:
     return Response(json.dumps(doc), status=status, content_type="application/json")
+
+
+def moment(text: str | None) -> float | None:
+    """A time given as seconds since 1970 or as an ISO 8601 date or date and time (UTC unless it says);
+    None when not given. Raises ValueError."""
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    when = datetime.fromisoformat(text)
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return when.timestamp()
 
 
 def _static(name: str) -> Response:
@@ -83,6 +104,20 @@ def register_dash(app: QuartTrio, config: Config, desk: Desk, observers: Observe
                 "last_5_min": history.recent_counts(300.0),
             }
         )
+
+    @app.route("/usage")
+    async def usage() -> Response:
+        args = request.args
+        try:
+            since, until = moment(args.get("since")), moment(args.get("until"))
+        except ValueError:
+            return error_response(
+                HttpCode.INVALID_FILTER,
+                "since and until must be seconds since 1970 or ISO 8601 dates/times (2026-12-01T08:00Z)",
+            )
+        key = args.get("key")
+        keys, source = await history.usage(UsageQuery(since, until, key))
+        return _json({"since": since, "until": until, "keys": keys, "source": source})
 
     @app.route("/dash")
     async def dash_page() -> Response:

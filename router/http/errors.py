@@ -43,6 +43,7 @@ class HttpCode(enum.StrEnum):
     BAD_REQUEST = "bad_request"  # quart's own 400
     INVALID_API_KEY = "invalid_api_key"
     PERMISSION_DENIED = "permission_denied"  # a model outside the key's scope, an admin action without rights
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"  # a key over its requests_per_minute or tokens_per_day
     CROSS_SITE_NOT_ALLOWED = "cross_site_not_allowed"
     HOST_NOT_ALLOWED = "host_not_allowed"
     ORIGIN_NOT_ALLOWED = "origin_not_allowed"
@@ -73,14 +74,16 @@ class Answer:
     passes_on: int | None = None
 
 
-_CLIENT, _AUTH, _DENIED, _SERVER = (
+_CLIENT, _AUTH, _DENIED, _LIMIT, _SERVER = (
     "invalid_request_error",
     "authentication_error",
     "permission_error",
+    "rate_limit_error",
     "server_error",
 )
 ANSWERS: Mapping[ErrorCode, Answer] = {
     RejectCode.QUEUE_FULL: Answer(503, _SERVER),
+    RejectCode.KEY_QUEUE_FULL: Answer(429, _LIMIT),
     RejectCode.MODEL_NOT_FOUND: Answer(404, _CLIENT),
     RejectCode.MODEL_UNAVAILABLE: Answer(503, _SERVER),
     RejectCode.CONTEXT_LENGTH_EXCEEDED: Answer(400, _CLIENT),
@@ -103,6 +106,7 @@ ANSWERS: Mapping[ErrorCode, Answer] = {
     HttpCode.BAD_REQUEST: Answer(400, _CLIENT),
     HttpCode.INVALID_API_KEY: Answer(401, _AUTH),
     HttpCode.PERMISSION_DENIED: Answer(403, _DENIED),
+    HttpCode.RATE_LIMIT_EXCEEDED: Answer(429, _LIMIT),
     HttpCode.CROSS_SITE_NOT_ALLOWED: Answer(403, _DENIED),
     HttpCode.HOST_NOT_ALLOWED: Answer(403, _DENIED),
     HttpCode.ORIGIN_NOT_ALLOWED: Answer(403, _DENIED),
@@ -146,7 +150,7 @@ def error_body(code: ErrorCode, message: str, given: int | None = None) -> dict[
     status = status_of(code, given)
     kind = ANSWERS[code].type
     if status != ANSWERS[code].status:
-        kind = _SERVER if status >= 500 else {401: _AUTH, 403: _DENIED}.get(status, _CLIENT)
+        kind = _SERVER if status >= 500 else {401: _AUTH, 403: _DENIED, 429: _LIMIT}.get(status, _CLIENT)
     return {"error": {"message": message, "type": kind, "code": str(code)}}
 
 

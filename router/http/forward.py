@@ -114,6 +114,7 @@ class Forwarder:
                     asked=None,
                     status=reply.status,
                     body=reply.body,
+                    key=check.client.name,
                 )
                 self.desk.publish(record)
 
@@ -213,7 +214,7 @@ class Forwarder:
         desk = self.desk
         asked = body.get("model")
         heads = {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(raw_headers)}
-        klass = check_client(desk.config, who, target, asked, heads, body)
+        klass = check_client(desk.config, who, target, asked, heads, body, desk.over_limit)
         if isinstance(klass, Refusal):
             return error_reply(klass.code, klass.message, klass.headers), False
         ticket = desk.admit(

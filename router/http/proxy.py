@@ -102,7 +102,7 @@ def reject_reply(ticket: Ticket) -> Reply:
     """The answer to the scheduler's rejection of ``ticket``; its status is also the request's record's."""
     reject = ticket.reject
     assert reject is not None
-    retry = reject.code in (RejectCode.QUEUE_FULL, RejectCode.SHUTTING_DOWN)
+    retry = reject.code in (RejectCode.QUEUE_FULL, RejectCode.KEY_QUEUE_FULL, RejectCode.SHUTTING_DOWN)
     reply = error_reply(
         reject.code, reject.message, {"Retry-After": "5"} if retry else None, given=reject.peer_status
     )

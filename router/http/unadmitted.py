@@ -1,5 +1,5 @@
 """The history record of an API call refused before the scheduler saw it (a bad body, an unknown model, a
-missing key): it shows in /history and /metrics like any other request."""
+missing key, a key over its limit): it shows in /history and /metrics like any other request."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ def unadmitted_record(
     asked: str | None,
     status: int,
     body: bytes,
+    key: str = "",
 ) -> RequestRecord:
     """The record of a refusal answered with ``status`` and the OpenAI-shaped error ``body``."""
     message: str | None = None
@@ -34,4 +35,5 @@ def unadmitted_record(
         status=status,
         duration=max(0.0, time.monotonic() - arrived_mono),
         error=message,
+        key=key,
     )

@@ -29,6 +29,7 @@ from typing import Any
 import attrs
 import trio
 
+from router.journal.key_usage import UsageQuery, read_token_use, read_usage, sum_records
 from router.journal.records import RequestRecord
 
 log = logging.getLogger("router")
@@ -61,10 +62,14 @@ CREATE TABLE IF NOT EXISTS requests (
     cached_tokens INTEGER,
     error TEXT,
     target TEXT,
-    stream INTEGER NOT NULL DEFAULT 0
+    stream INTEGER NOT NULL DEFAULT 0,
+    key TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS requests_at ON requests (at);
 """
+# Columns added since the first schema, with their definitions: a database written by an earlier version
+# gets them when it is opened.
+_ADDED = {"key": "TEXT NOT NULL DEFAULT ''"}
 
 
 @attrs.frozen
@@ -106,6 +111,13 @@ def _row(record: RequestRecord) -> tuple[Any, ...]:
     return tuple(int(v) if isinstance(v, bool) else v for v in attrs.astuple(record))
 
 
+def _add_columns(conn: sqlite3.Connection) -> None:
+    have = {row[1] for row in conn.execute("PRAGMA table_info(requests)")}
+    for name, definition in _ADDED.items():
+        if name not in have:
+            conn.execute(f"ALTER TABLE requests ADD COLUMN {name} {definition}")
+
+
 class _Store:
     """The database side, used from worker threads only, one call at a time (guarded by a lock)."""
 
@@ -122,6 +134,7 @@ class _Store:
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.executescript(_SCHEMA)
+                _add_columns(conn)
             except BaseException:
                 conn.close()
                 raise
@@ -185,6 +198,14 @@ class _Store:
         for row in rows:
             row["stream"] = bool(row["stream"])
         return rows
+
+    def usage(self, query: UsageQuery) -> dict[str, dict[str, float]]:
+        with self.lock:
+            return read_usage(self._open(), query)
+
+    def token_use(self, since: float) -> list[tuple[str, float, int]]:
+        with self.lock:
+            return read_token_use(self._open(), since)
 
     def _drop(self) -> None:
         if self.conn is not None:
@@ -312,6 +333,24 @@ class History:
                 self._warn(f"cannot read {self.path}: {exc}")
         rows = [r.as_json() for r in reversed(self.recent) if _matches(r, query)]
         return rows[: query.limit], "memory"
+
+    async def usage(self, query: UsageQuery) -> tuple[dict[str, dict[str, float]], str]:
+        """Usage per key over the rows ``query`` selects, and where it came from ("db" or "memory")."""
+        await self.flush()
+        if self._healthy:
+            try:
+                return await trio.to_thread.run_sync(self._store.usage, query), "db"
+            except Exception as exc:
+                self._warn(f"cannot read {self.path}: {exc}")
+        return sum_records(self.recent, query), "memory"
+
+    async def token_use(self, since: float) -> list[tuple[str, float, int]]:
+        """(key, ended at, tokens) of named keys' requests that ended after ``since`` ([] when unreadable)."""
+        try:
+            return await trio.to_thread.run_sync(self._store.token_use, since)
+        except Exception as exc:
+            self._warn(f"cannot read {self.path}: {exc}")
+            return []
 
     # -------------------------------------------------------------------------------------- faults
     def _lose(self, count: int, why: str, *, broken: bool = True) -> None:

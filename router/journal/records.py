@@ -62,6 +62,7 @@ class RequestRecord:
     error: str | None = attrs.field(default=None, converter=_valid_or_none)
     target: str | None = attrs.field(default=None, converter=_valid_or_none)
     stream: bool = False
+    key: str = attrs.field(default="", converter=valid_text)  # its client's key name ("": anonymous)
 
     def as_json(self) -> dict[str, Any]:
         return attrs.asdict(self)

@@ -100,6 +100,21 @@ class RouterMetrics:
             count["cache_hits"].labels(model).inc()
         elif record.cached_tokens == 0 and (record.prompt_tokens or 0) >= CACHE_MISS_MIN_PROMPT:
             count["cache_misses"].labels(model).inc()
+        key = record.key
+        count["key_requests"].labels(key, str(record.status)).inc()
+        for kind, tokens in (
+            ("prompt", record.prompt_tokens),
+            ("completion", record.generated_tokens),
+            ("cached", record.cached_tokens),
+        ):
+            if tokens:
+                count["key_tokens"].labels(key, kind).inc(tokens)
+        if record.queue_wait is not None:
+            count["key_queue_seconds"].labels(key).inc(record.queue_wait)
+        if record.model_served is not None:
+            count["key_replica_seconds"].labels(key).inc(
+                max(0.0, record.duration - (record.queue_wait or 0.0))
+            )
 
     def on_happening(self, kind: str, data: dict[str, Any]) -> None:
         model = str(data.get("model", ""))

@@ -3,6 +3,8 @@ probe of its rpc-servers — built and started together, once (by ``router.serve
 
 from __future__ import annotations
 
+import time
+
 import attrs
 import httpx
 import trio
@@ -12,6 +14,7 @@ from router.journal.history import History
 from router.observe.gpu_sampler import GpuSampler
 from router.observe.metrics import RouterMetrics
 from router.observe.rpc_status import held_endpoints, rpc_endpoints
+from router.shell.quota import DAY
 from router.shell.runtime import Router
 from router.shell.views import RouterView
 
@@ -46,6 +49,8 @@ async def start_observers(
     router.record_listeners.append(metrics.observe)
     router.listeners.append(metrics.on_happening)
     await nursery.start(history.run)
+    # A restart forgives no key its tokens of the last day.
+    router.quotas.seed(await history.token_use(time.time() - DAY), time.time())
     await nursery.start(sampler.run)
     await nursery.start(router.rpc_probe.run, lambda: rpc_endpoints(view), lambda: held_endpoints(view))
     return Observers(history, sampler, metrics)

@@ -39,6 +39,7 @@ from router.shell.processes import (
     SupervisorEvent,
     SupervisorFactory,
 )
+from router.shell.quota import OverLimit, Quotas
 from router.shell.replica_logs import ReplicaLogs
 from router.shell.rpc_probe import RpcProbe
 from router.shell.supervisor import Supervisor
@@ -127,6 +128,8 @@ class Router:
         # to it, which would otherwise hold up llama-server's exit (and so a swap) by about 0.1 s.
         self.stop_listeners: list[Callable[[int], None]] = []
         self.record_listeners: list[RecordListener] = []
+        self.quotas = Quotas(deployment.config.keys)  # named keys' requests_per_minute and tokens_per_day
+        self.record_listeners.append(self.quotas.record)
         self.stopped = trio.Event()
         self._changed = trio.Event()
         self._send, self._recv = trio.open_memory_channel[Event](math.inf)
@@ -445,10 +448,18 @@ class Router:
         """Switch to a new deployment: ``changed`` models drain and stop; the rest keep serving."""
         self.deployment = deployment
         self.peers.reconfigure(deployment.config)
+        self.quotas.configure(deployment.config.keys)
         self.submit(SettingsChanged(self.settings_for(deployment), changed))
 
     def unload(self, model: str | None, force: bool) -> None:
         self.submit(UnloadRequested(model, force))
+
+    def quota_refusal(self, key: str) -> OverLimit | None:
+        """The 429 for a request of the key named ``key`` over its requests_per_minute or tokens_per_day,
+        else None (and it counts). While the whole queue is full nothing counts: the scheduler answers 503."""
+        if self.state.waiting >= self.state.settings.policy.queue_limit:
+            return None
+        return self.quotas.refusal(key, time.time())
 
     def queue_position(self, rid: int) -> tuple[int | None, str | None]:
         """1-based position among waiting requests, and the model being loaded for it (if any)."""

@@ -251,4 +251,5 @@ def record_of(ticket: Ticket, *, completed: bool, now: float | None = None) -> R
         error=None if error is None else error[:ERROR_TEXT_LIMIT],
         target=ticket.target,
         stream=observed.stream,
+        key=ticket.key,
     )

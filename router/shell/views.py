@@ -22,6 +22,7 @@ from router.journal.records import RequestRecord
 from router.placement.budgets import GpuMeasure
 from router.shell.happenings import Happening
 from router.shell.processes import ReplicaProcessInfo
+from router.shell.quota import OverLimit
 from router.shell.replica_logs import ReplicaLogFile
 from router.shell.rpc_probe import Endpoint, Reachability
 from router.shell.runtime import Router
@@ -147,6 +148,10 @@ class Desk(RouterView):
 
     def publish(self, record: RequestRecord) -> None:
         self._router.publish(record)
+
+    def over_limit(self, key: str) -> OverLimit | None:
+        """Why a request of the key named ``key`` is over its own limits, else None (and it counts)."""
+        return self._router.quota_refusal(key) if key else None
 
 
 class Admin(Desk):

@@ -13,6 +13,8 @@ from statemachine import (
     ModelSpec,
     PeerSpec,
     Policy,
+    Reject,
+    RejectCode,
     ReplicaExited,
     ReplicaReady,
     RequestArrived,
@@ -238,3 +240,46 @@ def test_keys_waiting_for_a_peer_take_its_places_in_turn() -> None:
         went += [c.rid for c in commands if isinstance(c, Forward)]
     # each forward moves its key's tag on, as a dispatch here does: b is not left behind a's backlog
     assert went == [1, 11, 2, 12, 3, 4], went
+
+
+def _refused(state: State, event: Event) -> tuple[State, list[Reject]]:
+    state, commands = step(state, event)
+    check(state)
+    return state, [c for c in commands if isinstance(c, Reject)]
+
+
+def test_a_key_past_its_max_queued_is_refused_and_others_are_not() -> None:
+    # checks: INV-KEY-QUEUE
+    settings = Settings(models=[ModelSpec("m", pinned=True)], max_queued={"a": 2})
+    state = loaded(settings)
+    state, _ = feed(state, [RequestArrived(rid, "m", key="a") for rid in (1, 2, 3)])  # 1 runs, 2 and 3 wait
+    state, refused = _refused(state, RequestArrived(4, "m", key="a"))
+    assert [(r.rid, r.code) for r in refused] == [(4, RejectCode.KEY_QUEUE_FULL)]
+    assert "max_queued = 2" in refused[0].message and "'a'" in refused[0].message
+    state, refused = _refused(state, RequestArrived(5, "m", key="b"))  # another key is not held back
+    assert refused == []
+    state, went = feed(state, [RequestFinished(1), RequestFinished(5)])
+    assert went == [5, 2]  # b's turn first (a was served once), then a's
+    state, refused = _refused(state, RequestArrived(6, "m", key="a"))  # one of a's went: room again
+    assert refused == [] and state.queued_by_key == {"a": 2}
+
+
+def test_the_whole_queue_limit_is_checked_before_a_keys_own() -> None:
+    # checks: INV-KEY-QUEUE, INV-LIMITS
+    settings = Settings(
+        models=[ModelSpec("m", pinned=True)], policy=Policy(queue_limit=1), max_queued={"a": 1}
+    )
+    state = loaded(settings)
+    state, _ = feed(state, [RequestArrived(1, "m", key="b"), RequestArrived(2, "m", key="a")])
+    state, refused = _refused(state, RequestArrived(3, "m", key="a"))
+    assert [r.code for r in refused] == [RejectCode.QUEUE_FULL]
+
+
+def test_a_request_that_can_go_at_once_is_never_refused_for_its_key() -> None:
+    # checks: INV-KEY-QUEUE
+    settings = Settings(models=[ModelSpec("m", pinned=True, slots=2)], max_queued={"a": 0})
+    state = loaded(settings)
+    state, went = feed(state, [RequestArrived(1, "m", key="a"), RequestArrived(2, "m", key="a")])
+    assert went == [1, 2]
+    state, refused = _refused(state, RequestArrived(3, "m", key="a"))
+    assert [r.code for r in refused] == [RejectCode.KEY_QUEUE_FULL]

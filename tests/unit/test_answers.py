@@ -26,6 +26,7 @@ def test_every_code_has_one_answer_and_no_answer_lacks_a_code() -> None:
 def test_the_schedulers_codes_keep_their_statuses() -> None:
     assert {code: status_of(code) for code in RejectCode} == {
         RejectCode.QUEUE_FULL: 503,
+        RejectCode.KEY_QUEUE_FULL: 429,  # a key's own bound: 429, never the whole queue's 503
         RejectCode.MODEL_NOT_FOUND: 404,
         RejectCode.MODEL_UNAVAILABLE: 503,
         RejectCode.CONTEXT_LENGTH_EXCEEDED: 400,
