@@ -37,6 +37,7 @@ class RequestArrived:
     local_only: bool = False  # it came through another router: no peer may serve it (no second hop)
     key: str = ""  # the name of its client's key ("": anonymous); fair share is kept per key
     klass: RequestClass = RequestClass.STANDARD  # its priority class (already lowered as it asked)
+    outside: frozenset[str] = frozenset()  # members of a pool its key may not use: never its candidates
 
 
 @attrs.frozen

@@ -31,17 +31,19 @@ def candidates(
     local_only: bool = False,
     *,
     peers: bool = True,
+    outside: frozenset[str] = frozenset(),
 ) -> list[str]:
     """Models that may serve a request for ``target``, in priority order (context and refusal checked).
 
-    Peer models are left out while their peer is down, when the request came from another router
-    (``local_only``), and when their peer failed this very request before (``avoid``); ``peers=False``
-    keeps them all (what the request could ask for, whatever the peers' state)."""
+    Models ``outside`` the scope of the request's key are left out, always. Peer models are left out while
+    their peer is down, when the request came from another router (``local_only``), and when their peer
+    failed this very request before (``avoid``); ``peers=False`` keeps them all (what the request could ask
+    for, whatever the peers' state)."""
     models = w.models
     out = []
     for name in serving_models(w.settings, target):
         spec = models[name]
-        if spec.refusal is not None:
+        if spec.refusal is not None or name in outside:
             continue
         if peers and spec.peer is not None and (local_only or name in avoid or spec.peer in w.peers_down):
             continue
@@ -122,7 +124,9 @@ def _overflow_message(w: Work, request: Request, code: RejectCode) -> str:
 
 def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wake: list[float]) -> None:
     """Dispatch ``request`` if it can go now; otherwise start what it waits for (a load, a swap)."""
-    names = candidates(w, request.target, request.tokens, request.avoid, request.local_only)
+    names = candidates(
+        w, request.target, request.tokens, request.avoid, request.local_only, outside=request.outside
+    )
     if names and _all_busy(w, names):
         # Every candidate has all its replicas and none has a free slot: the request just waits.
         if not request.overflow:
@@ -326,7 +330,7 @@ def fail_waiters(w: Work, model: str, reason: str, code: RejectCode) -> None:
     for target in (model, *w.settings.pools_of(model)):
         for rid in w.queue(target).live(w.is_queued):
             request = w.requests[rid]
-            if target == model or candidates(w, target, request.tokens) == [model]:
+            if target == model or candidates(w, target, request.tokens, outside=request.outside) == [model]:
                 doomed.append(request)
     for request in sorted(doomed, key=lambda r: r.seq):
         w.reject(request, code, reason)

@@ -61,7 +61,9 @@ def peer_failed(w: Work, e: PeerFailed) -> None:
         return
     avoid = request.avoid | {model}
     known = request.target in w.settings.models or request.target in w.settings.pools
-    if known and candidates(w, request.target, request.tokens, avoid, request.local_only):
+    if known and candidates(
+        w, request.target, request.tokens, avoid, request.local_only, outside=request.outside
+    ):
         waiting = attrs.evolve(request, phase=QUEUED, peer=None, model=None, overflow=False, avoid=avoid)
         _wait_again(w, waiting)
         return

@@ -96,6 +96,7 @@ def _arrived(w: Work, e: RequestArrived) -> None:
         local_only=e.local_only,
         key=e.key,
         klass=e.klass,
+        outside=e.outside,
     )
     w.next_seq += 1
     if w.shutting_down:
@@ -107,9 +108,9 @@ def _arrived(w: Work, e: RequestArrived) -> None:
         message = f"model '{e.target}' is not served here; known models: {known}"
         w.cmds.append(Reject(e.rid, RejectCode.MODEL_NOT_FOUND, message))
         return
-    names = candidates(w, e.target, e.tokens, local_only=e.local_only)
+    names = candidates(w, e.target, e.tokens, local_only=e.local_only, outside=e.outside)
     if not names:
-        if candidates(w, e.target, e.tokens, peers=False):
+        if candidates(w, e.target, e.tokens, peers=False, outside=e.outside):
             w.cmds.append(Reject(e.rid, *no_peer_answer(w, request)))  # its peers are down, or a second hop
         else:
             w.cmds.append(_unservable(w, e))

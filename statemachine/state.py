@@ -59,6 +59,8 @@ class Request:
     # Who is served first (statemachine/order.py): its client's key name and its priority class.
     key: str = ""
     klass: RequestClass = RequestClass.STANDARD
+    # The models its key may not use (members of the pool it asked for, out of the key's scope).
+    outside: frozenset[str] = frozenset()
 
     @property
     def lane(self) -> tuple[int, str]:

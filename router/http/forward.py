@@ -28,6 +28,7 @@ from router.http.prefix_key import request_chain
 from router.http.proxy import Proxy, upstream_headers
 from router.http.reply import Reply, error_reply, internal_error_reply, send_reply
 from router.http.request_body import BodyError, check_fields, parse_object
+from router.http.scope import out_of_scope
 from router.http.tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
 from router.http.unadmitted import unadmitted_record
 from router.shell.peers import HOP_HEADER
@@ -230,6 +231,7 @@ class Forwarder:
             local_only=any(name == HOP for name, _ in raw_headers),
             key=who.name,
             klass=klass,
+            outside=self._outside(who, target),
         )
         reply = await self.proxy.respond(
             ticket,
@@ -241,6 +243,11 @@ class Forwarder:
             stream=body.get("stream") is True,
         )
         return reply, True
+
+    def _outside(self, who: Client, target: str) -> frozenset[str]:
+        """The members of pool ``target`` that ``who`` may not use (none for a model)."""
+        pool = self.desk.state.settings.pools.get(target)
+        return frozenset() if pool is None else out_of_scope(self.desk.config, who, pool.members)
 
     def _resolve(self, name: Any, path: str) -> tuple[str | None, Reply | None]:
         target, refusal = resolve_target(self.desk.config, self.desk.peer_model, name, path)

@@ -3,8 +3,9 @@ aliases.
 
 A model (or a peer's model) is in scope when a glob matches its name, one of its aliases, or the name the
 request used for it. A pool is in scope when a glob matches the pool by one of its names and at least one
-of its members is in scope. A request for anything else is refused with 403 ``permission_denied``, and
-``/v1/models`` leaves it out.
+of its members is in scope; the members outside the scope never serve that client's requests (the
+scheduler is told which, INV-SCOPE). A request for anything else is refused with 403 ``permission_denied``,
+and ``/v1/models`` leaves it out.
 """
 
 from __future__ import annotations
@@ -36,6 +37,14 @@ def members_in_scope(config: Config, client: Client, pool: str) -> tuple[str, ..
     return tuple(m for m in config.pools[pool].members if covers(client.scope, names_of(config, m)))
 
 
+def out_of_scope(config: Config, client: Client, members: Iterable[str]) -> frozenset[str]:
+    """The pool ``members`` (the scheduler's, peers' models included) that ``client`` may not use: the
+    scheduler never serves the client's request with them."""
+    if client.scope is None:
+        return frozenset()
+    return frozenset(m for m in members if not covers(client.scope, names_of(config, m)))
+
+
 def usable(config: Config, client: Client, target: str, asked: str | None = None) -> bool:
     """Whether ``client`` may send requests to ``target`` (a canonical model, pool or peer model name),
     asked for by the name ``asked``."""
@@ -44,9 +53,8 @@ def usable(config: Config, client: Client, target: str, asked: str | None = None
     names = (*names_of(config, target), *((asked,) if asked else ()))
     if not covers(client.scope, names):
         return False
-    # A pool is refused only when none of its members is in scope: members outside the scope still serve
-    # a pool that has one inside it. Skipping them when a member is picked is the scheduler's to do (it
-    # does not know scopes yet).
+    # A pool is refused only when none of its members is in scope; the members outside it are skipped when
+    # the scheduler picks one (``out_of_scope``, sent with the request).
     return target not in config.pools or bool(members_in_scope(config, client, target))
 
 

@@ -202,10 +202,12 @@ class Router:
         local_only: bool = False,
         key: str = "",
         klass: RequestClass = RequestClass.STANDARD,
+        outside: frozenset[str] = frozenset(),
     ) -> Ticket:
         """A new request for ``target``; ``prefix`` is its prefix chain (router.http.prefix_key), which only
         steers which free replica serves it; ``local_only``: it came through another router (hop header), so
-        no peer may serve it; ``key`` and ``klass``: its client's key name and its priority class."""
+        no peer may serve it; ``key`` and ``klass``: its client's key name and its priority class;
+        ``outside``: the pool members its key may not use."""
         rid = self._next_rid
         self._next_rid += 1
         ticket = Ticket(
@@ -222,6 +224,7 @@ class Router:
             local_only=local_only,
             key=key,
             klass=klass,
+            outside=outside,
         )
         self.tickets[rid] = ticket
         ticket.arrive()

@@ -100,6 +100,7 @@ class Ticket:
     local_only: bool = False  # it came through another router: no peer may serve it
     key: str = ""  # the name of its client's key ("": anonymous or a plain api_keys key)
     klass: RequestClass = RequestClass.STANDARD  # its priority class, as the scheduler was told
+    outside: frozenset[str] = frozenset()  # pool members its key may not use, as the scheduler was told
     refusals: int = 0  # connections its replicas refused so far
 
     @property
@@ -132,7 +133,14 @@ class Ticket:
         """Tell the scheduler the request arrived (once, as the router admits it)."""
         self._tell(
             RequestArrived(
-                self.rid, self.target, self.tokens, self.prefix, self.local_only, self.key, self.klass
+                self.rid,
+                self.target,
+                self.tokens,
+                self.prefix,
+                self.local_only,
+                self.key,
+                self.klass,
+                self.outside,
             )
         )
 

@@ -131,6 +131,7 @@ class Desk(RouterView):
         local_only: bool = False,
         key: str = "",
         klass: RequestClass = RequestClass.STANDARD,
+        outside: frozenset[str] = frozenset(),
     ) -> Ticket:
         """A new request for ``target``: its ticket, which owns the request's life from here."""
         return self._router.admit(
@@ -144,6 +145,7 @@ class Desk(RouterView):
             local_only=local_only,
             key=key,
             klass=klass,
+            outside=outside,
         )
 
     def publish(self, record: RequestRecord) -> None:

@@ -154,6 +154,15 @@ def test_queues_agree_with_the_requests() -> None:
     fails(empty, "INV-QUEUE", "counts 0 but holds 0")
 
 
+def test_requests_waiting_per_key_are_counted_exactly() -> None:
+    state = base()
+    assert state.queued_by_key == {}  # request 3 is anonymous: never counted
+    fails(attrs.evolve(state, queued_by_key=pmap({"": 1})), "INV-KEY-QUEUE", "the counts say {'': 1}")
+    request = attrs.evolve(state.requests[3], key="alice")
+    keyed = attrs.evolve(state, requests=state.requests.set(3, request))
+    fails(keyed, "INV-KEY-QUEUE", "are {'alice': 1}, the counts say {}")
+
+
 def test_queue_order_and_shutdown() -> None:
     state = initial_state(SETTINGS)
     for event in (RequestArrived(1, "b"), RequestArrived(2, "b"), RequestArrived(3, "b")):

@@ -10,9 +10,11 @@ from statemachine import (
     Event,
     Forward,
     Kill,
+    LoadFailed,
     ModelSpec,
     PeerSpec,
     Policy,
+    PoolSpec,
     Reject,
     RejectCode,
     ReplicaExited,
@@ -283,3 +285,34 @@ def test_a_request_that_can_go_at_once_is_never_refused_for_its_key() -> None:
     assert went == [1, 2]
     state, refused = _refused(state, RequestArrived(3, "m", key="a"))
     assert [r.code for r in refused] == [RejectCode.KEY_QUEUE_FULL]
+
+
+def _pool(**policy: object) -> Settings:
+    return Settings(
+        models=[ModelSpec("a", gpus=(0,)), ModelSpec("b", gpus=(1,))],
+        pools=[PoolSpec("p", ("a", "b"), fallback=True)],
+        policy=Policy(**policy),  # type: ignore[arg-type]
+    )
+
+
+def test_a_pool_member_outside_the_keys_scope_is_never_loaded_nor_dispatched_to() -> None:
+    # checks: INV-SCOPE
+    state, commands = step(initial_state(_pool()), RequestArrived(1, "p", outside=frozenset({"a"})))
+    assert [(c.model, c.request) for c in commands if isinstance(c, Spawn)] == [("b", 1)]
+    (load,) = commands
+    state, commands = step(state, ReplicaReady(load.replica))  # type: ignore[union-attr]
+    assert commands == (Dispatch(1, load.replica, "b"),)  # type: ignore[union-attr]
+    # b is busy; a request that may use only a waits for a (loads it), never takes b
+    state, commands = step(state, RequestArrived(2, "p", outside=frozenset({"b"})))
+    assert [(c.model, c.request) for c in commands if isinstance(c, Spawn)] == [("a", 2)]
+
+
+def test_a_load_failure_of_its_only_member_in_scope_fails_a_pooled_request() -> None:
+    # checks: INV-SCOPE, INV-LOAD-FAILURE
+    state, commands = step(initial_state(_pool()), RequestArrived(1, "p", outside=frozenset({"b"})))
+    (load,) = commands
+    assert isinstance(load, Spawn) and load.model == "a"
+    state, commands = step(state, RequestArrived(2, "p"))  # may use b: waits on, or loads b
+    state, commands = step(state, LoadFailed(load.replica, "out of memory"))
+    rejected = [c.rid for c in commands if isinstance(c, Reject)]
+    assert rejected == [1]

@@ -182,3 +182,26 @@ async def test_a_reload_with_a_bad_key_table_is_refused_without_showing_the_secr
         assert ALICE not in reply.text
         assert "carol" not in h.router.config.keys  # the old configuration keeps serving
         assert (await chat(h, ALICE, "coder-7b")).status_code == 200
+
+
+async def test_a_pool_member_outside_the_keys_scope_never_serves_it(tmp_path: Path) -> None:
+    async with keyed_router(tmp_path) as h:
+        # alice may use the pool auto (chat, other) but not other: with chat's four slots busy, her fifth
+        # request waits for chat instead of loading other.
+        answers: list[int] = []
+
+        async def send() -> None:
+            answers.append((await chat(h, ALICE, "auto")).status_code)
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                nursery.start_soon(send)
+            state = await h.wait_state(lambda s: len(s.requests) == 5 and s.waiting == 1)
+            (waiting,) = [r for r in state.requests.values() if r.phase == "queued"]
+            assert waiting.outside == frozenset({"other"})
+        assert answers == [200] * 5
+        assert not any(r.model == "other" for r in h.router.state.replicas)
+        served = [
+            r["model_served"] for r in (await h.client.get("/history", headers=as_key(ALICE))).json()["rows"]
+        ]
+        assert served == ["chat"] * 5
