@@ -184,6 +184,7 @@ class LocalRouter:
     target: Mapping[str, Any]
     devices: Mapping[int, int]
     router: Mapping[str, Any] | None = None
+    keys: Mapping[str, Any] | None = None
 
 
 def run_benchmark(
@@ -207,7 +208,7 @@ def run_benchmark(
             local = setup(work)
             document["target"] = dict(local.target)
             with router_process(
-                work, local.models, router=local.router, devices=local.devices, binary=binary
+                work, local.models, router=local.router, devices=local.devices, keys=local.keys, binary=binary
             ) as service:
                 result = trio.run(benchmark, service.url, args)
     document["result"] = result

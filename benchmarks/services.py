@@ -146,6 +146,7 @@ def router_process(
     devices: Mapping[int, int] | None = None,
     defaults: Mapping[str, Any] | None = None,
     pools: Mapping[str, Any] | None = None,
+    keys: Mapping[str, Any] | None = None,
     binary: Path | None = None,
 ) -> Iterator[Service]:
     """Run ``python -m router`` on a config generated from the arguments (``devices``: GPU id -> MiB).
@@ -174,6 +175,8 @@ def router_process(
         doc["devices"] = {str(gpu): {"memory_mib": mib} for gpu, mib in devices.items()}
     if pools:
         doc["pools"] = dict(pools)
+    if keys:
+        doc["keys"] = dict(keys)
     config_path = work_dir / "router.json"
     config_path.write_text(json.dumps(doc, indent=2) + "\n")
     argv = [sys.executable, "-m", "router", "--config", str(config_path)]

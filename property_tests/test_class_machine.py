@@ -45,6 +45,8 @@ from statemachine import (
     initial_state,
     step,
 )
+from statemachine.order import rank
+from statemachine.work import Work
 
 from .profiles import machine_settings
 
@@ -60,7 +62,7 @@ class ClassMachine(RuleBasedStateMachine):
         super().__init__()
         self.state: State | None = None
         self.now = 0.0
-        self.next_rid = 1
+        self.next_rid = 101  # unlike the seqs the scheduler gives: one is never taken for the other
         self.waiting: dict[int, tuple[str, RequestClass, float, int]] = {}  # rid -> key, class, arrived, seq
         self.running: dict[int, int] = {}  # rid -> replica
         self.slots: dict[int, int] = {}  # ready replica -> free slots
@@ -209,6 +211,19 @@ class ClassMachine(RuleBasedStateMachine):
     def tick(self, dt: float) -> None:
         self.now += dt
         self.feed(Tick(self.now))
+
+    @invariant()
+    def heads_agree(self) -> None:
+        """The heads index (statemachine.heads, kept across steps) names the head a full ranking names."""
+        if self.state is None:
+            return
+        w = Work(self.state)
+        for target, queue in self.state.queues.items():
+            found = w.best_head(target)
+            ranked = sorted((rank(w.policy, w.fair, w.requests[rid], w.now), rid) for rid in queue.heads())
+            assert found is not None and (found[0], found[1].rid) == ranked[0], (
+                f"the index names {found and (found[0], found[1].rid)}, a full ranking {ranked[0]}"
+            )
 
     @invariant()
     def agrees(self) -> None:

@@ -53,8 +53,7 @@ def check(state: State) -> None:
     for request in state.requests.values():
         if request.phase == QUEUED:
             queued += 1
-            if request.key:
-                by_key[request.key] = by_key.get(request.key, 0) + 1
+            by_key[request.key] = by_key.get(request.key, 0) + 1
             if request.replica is not None:
                 _fail("INV-REQUEST-HOME", f"queued request {request.rid} names replica {request.replica}")
         elif request.peer is not None:

@@ -39,6 +39,10 @@ class TargetQueue:
         fifo = self.lanes.get(lane, _EMPTY).insert(rid, seq_of, is_live)
         return TargetQueue(self.lanes.set(lane, fifo), self.count + 1)
 
+    def head(self, lane: Lane) -> int | None:
+        fifo = self.lanes.get(lane)
+        return None if fifo is None else fifo.first()
+
     def heads(self) -> Iterator[int]:
         for fifo in self.lanes.values():
             head = fifo.first()

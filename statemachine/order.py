@@ -1,18 +1,23 @@
 """Who is served first: the rank by which the scheduling pass takes waiting requests (spec §4, INV-CLASS,
 INV-FAIR, INV-AGED).
 
-A request's rank, lowest first:
+Only each lane's head is ranked (a lane: one key's requests of one class for one target, in arrival order).
+A head's rank, lowest first:
 
 1. ``(0, 0, seq)`` once it has waited its class's maximum wait (``Policy.max_wait``): aged requests go
    before every class, oldest first, so none starves;
-2. otherwise ``(1 + class, tag, seq)``: by class, then by its key's fair-share tag, then by arrival.
+2. otherwise ``(1 + class, tag, seq)``: by class, then by its key's start tag (fair share), then by arrival.
 
-Fair share is start-time fair queueing over dispatches: each key has a finish tag ``fair[key]``, and the
-scheduler a virtual clock ``vclock`` (the start tag of the latest dispatch). A key's tag is
-``max(fair[key], vclock)``, so a key that was idle re-enters at the clock instead of claiming the service it
-did not use; each dispatch of its requests starts at that tag and moves its finish tag on by
-``1 / weight``. Two keys of one class that both keep requests waiting for the same capacity are therefore
-served in proportion to their weights, within one request of each.
+Fair share is start-time fair queueing over dispatches. Each key has a start tag ``fair[key]`` (the virtual
+time its next dispatch starts at), and the scheduler a virtual clock ``vclock`` (the latest start so far).
+A dispatch of the key's request starts at its tag, moves the clock up to it and the tag on by ``1 / weight``.
+A key that had nothing waiting starts again at ``max(fair[key], vclock)`` when a request of it arrives, so it
+re-enters at the clock instead of claiming the service it did not use. Two keys of one class that both keep
+requests waiting for the same capacity are therefore served in proportion to their weights, within one
+request of each; one key's requests, wherever they wait, share one tag, so they keep their arrival order.
+
+A key's tag changes only when its own request is dispatched (it grows) or when it starts waiting again (it has
+no heads then): a head's rank never falls while it waits, which ``statemachine.heads`` relies on.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ Rank = tuple[int, float, int]
 
 
 class FairShare:
-    """The keys' finish tags and the virtual clock during one step: each tag read from the state's map once,
-    those this step moved kept apart (``served`` counts the moves, so a rank computed before one can be
+    """The keys' start tags and the virtual clock during one step: each tag read from the state's map once,
+    those this step moved kept apart (``served`` counts the dispatches, so a rank computed before one can be
     told stale)."""
 
     def __init__(self, base: PMap[str, float], vclock: float) -> None:
@@ -39,18 +44,22 @@ class FairShare:
         self.served = 0
 
     def tag(self, key: str) -> float:
-        """``key``'s start tag if it were served now: its finish tag, or the clock if it lags behind."""
         tag = self.read.get(key)
         if tag is None:
             tag = self.read[key] = self.base.get(key, 0.0)
-        return max(tag, self.vclock)
+        return tag
+
+    def waits_again(self, key: str) -> None:
+        """``key``, which had no request waiting, has one: it starts at the clock if it lags behind."""
+        if self.tag(key) < self.vclock:
+            self.read[key] = self.moved[key] = self.vclock
 
     def serve(self, key: str, weight: float) -> None:
-        """A dispatch of ``key``'s request starts at its tag, moves its finish tag on by ``1 / weight`` and
-        the clock to that start."""
+        """A dispatch of ``key``'s request starts at its tag: the clock moves up to it, the tag on by
+        ``1 / weight``."""
         start = self.tag(key)
+        self.vclock = max(self.vclock, start)
         self.read[key] = self.moved[key] = start + 1.0 / weight
-        self.vclock = start
         self.served += 1
 
     def persistent(self) -> PMap[str, float]:
@@ -63,6 +72,7 @@ def aged(policy: Policy, request: Request, now: float) -> bool:
 
 
 def rank(policy: Policy, fair: FairShare, request: Request, now: float) -> Rank:
+    """The rank of a lane's head."""
     if aged(policy, request, now):
         return (0, 0.0, request.seq)
     return (1 + request.klass, fair.tag(request.key), request.seq)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import heapq
 
 from .commands import Eviction, KillCause, RejectCode, Stopped, WakeAt
-from .order import Rank, claim_time, rank
+from .order import Rank, claim_time
 from .queries import serving_models
 from .settings import ModelSpec
 from .state import LOADING, STOPPING, Request
@@ -60,25 +60,26 @@ def schedule(w: Work) -> None:
     wake: list[float] = []
     blocked: set[int] = set()
     protected: set[str] = set()
-    # (rank, target, the tags' move count when ranked, request): ranks are unique (they end in seq)
+    # (rank, target, dispatches before it was ranked, request): ranks are unique (they end in seq). A rank
+    # only grows while its request waits (statemachine.order): one ranked before a dispatch is checked again.
     heap: list[tuple[Rank, str, int, Request]] = []
     fair = w.fair
     for target in w.settings.targets:
-        head = _best_head(w, target)
+        head = w.best_head(target)
         if head is not None:
             heap.append((head[0], target, fair.served, head[1]))
     heapq.heapify(heap)
     while heap:
         taken, target, ranked_at, request = heapq.heappop(heap)
-        if ranked_at != fair.served:  # a dispatch since moved a key's tag on: rank the target again
-            best = _best_head(w, target)
+        if ranked_at != fair.served:  # a dispatch since may have moved its key's tag on: rank it again
+            best = w.best_head(target)
             if best is not None and best[0] > taken:
                 heapq.heappush(heap, (best[0], target, fair.served, best[1]))
                 continue
         _place(w, request, blocked, protected, wake)
         if w.is_queued(request.rid):
             continue  # it waits: so does the rest of its target
-        nxt = _best_head(w, target)
+        nxt = w.best_head(target)
         if nxt is not None:
             heapq.heappush(heap, (nxt[0], target, fair.served, nxt[1]))
     for rid, code in w.overflow:
@@ -89,19 +90,6 @@ def schedule(w: Work) -> None:
     _reap_drained(w)
     _expire_idle(w, wake)
     _set_wake(w, wake)
-
-
-def _best_head(w: Work, target: str) -> tuple[Rank, Request] | None:
-    """The first-ranked of the heads of ``target``'s lanes (None: nothing waits for it)."""
-    queue = w.queue(target)
-    requests, policy, fair, now = w.requests, w.policy, w.fair, w.now
-    best: tuple[Rank, Request] | None = None
-    for rid in queue.heads():
-        request = requests[rid]
-        ranked = rank(policy, fair, request, now)
-        if best is None or ranked < best[0]:
-            best = (ranked, request)
-    return best
 
 
 def _overflow_message(w: Work, request: Request, code: RejectCode) -> str:

@@ -39,11 +39,7 @@ def dispatch_failed(w: Work, e: DispatchFailed) -> None:
 def _wait_again(w: Work, waiting: Request) -> None:
     """It was admitted already: it waits in its arrival place, like any other request (never as an overflow
     to refuse)."""
-    w.requests[waiting.rid] = waiting
-    w.queues[waiting.target] = w.queue(waiting.target).insert(
-        waiting.lane, waiting.rid, lambda rid: w.requests[rid].seq, w.is_queued
-    )
-    w.waiting += 1
+    w.requeue(waiting)
 
 
 def peer_failed(w: Work, e: PeerFailed) -> None:

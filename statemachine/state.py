@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 import attrs
 from pyrsistent import pmap, pset
@@ -11,6 +12,9 @@ from pyrsistent.typing import PMap, PSet
 from .classes import RequestClass
 from .lanes import TargetQueue
 from .settings import ModelSpec, Settings
+
+if TYPE_CHECKING:
+    from .heads import HeadIndex
 
 
 class RequestPhase(enum.StrEnum):
@@ -128,11 +132,14 @@ class State:
     # Fair share between keys (statemachine/order.py): each key's finish tag, and the virtual clock.
     fair: PMap[str, float] = attrs.field(factory=pmap)
     vclock: float = 0.0
-    # How many requests of each named key wait (keys with none waiting are left out; "" is never counted).
+    # How many requests of each key wait, "" (anonymous) included; keys with none waiting are left out.
     queued_by_key: PMap[str, int] = attrs.field(factory=pmap)
     # A cache for step(): replicas by model and each model's (free slot?, live replicas). Trusted only for the
     # very ``replicas`` tuple and ``settings`` it was built for; never part of equality or repr.
     index: ReplicaIndex | None = attrs.field(default=None, eq=False, repr=False)
+    # A cache for step(): each target's lane heads in rank order (statemachine/heads.py), trusted only for
+    # the very queue objects it was built for; never part of equality or repr.
+    heads: HeadIndex | None = attrs.field(default=None, eq=False, repr=False)
 
     def spec_of(self, replica: Replica) -> ModelSpec:
         """The spec a replica runs with: the configured one, or the one it kept when a reload retired it."""

@@ -12,8 +12,9 @@ from pyrsistent.typing import PSet
 
 from .affinity import Chain, remember, shared
 from .commands import Command, Dispatch, Eviction, Forward, Kill, KillCause, Reject, RejectCode, Spawn
-from .lanes import EMPTY_QUEUE, TargetQueue
-from .order import FairShare
+from .heads import HeadIndex
+from .lanes import EMPTY_QUEUE, Lane, TargetQueue
+from .order import FairShare, Rank, rank
 from .settings import ModelSpec
 from .state import (
     INFLIGHT,
@@ -26,6 +27,8 @@ from .state import (
     Request,
     State,
 )
+
+FEW_LANES = 4  # a target with up to this many lanes ranks its heads directly (statemachine.heads otherwise)
 
 
 class Work:
@@ -65,12 +68,14 @@ class Work:
         self.peers_down: dict[str, str] = dict(state.peers_down)
         self.fair = FairShare(state.fair, state.vclock)
         self.queued_by_key = state.queued_by_key.evolver()
+        heads = state.heads
+        self.heads = heads if heads is not None and heads.owner is state else HeadIndex()
         self.overflow: list[tuple[int, RejectCode]] = []  # admitted over a bound: rejected unless they go now
         self.cmds: list[Command] = []
 
     def freeze(self) -> State:
         replicas = tuple(self.replicas.values())
-        return State(
+        frozen = State(
             settings=self.settings,
             now=self.now,
             requests=self.requests.persistent(),
@@ -93,7 +98,10 @@ class Work:
             vclock=self.fair.vclock,
             queued_by_key=self.queued_by_key.persistent(),
             index=ReplicaIndex(replicas, self.settings, self.by_model, self.memo),
+            heads=self.heads,
         )
+        self.heads.owner = frozen
+        return frozen
 
     # ----------------------------------------------------------------- reading
     def request(self, rid: int) -> Request | None:
@@ -195,10 +203,63 @@ class Work:
     # ------------------------------------------------------------- requests
     def enqueue(self, request: Request) -> None:
         self.requests[request.rid] = request
-        self.queues[request.target] = self.queue(request.target).push(request.lane, request.rid)
+        target, lane = request.target, request.lane
+        self._count_in(request)
+        old = self.queue(target)
+        self._queue_moved(target, old, old.push(lane, request.rid), lane)
+
+    def requeue(self, request: Request) -> None:
+        """Put an admitted request back at its arrival place (it waits again, never as an overflow)."""
+        self.requests[request.rid] = request
+        target, lane = request.target, request.lane
+        self._count_in(request)
+        old = self.queue(target)
+
+        def seq_of(rid: int) -> int:
+            return self.requests[rid].seq
+
+        self._queue_moved(target, old, old.insert(lane, request.rid, seq_of, self.is_queued), lane)
+
+    def _count_in(self, request: Request) -> None:
         self.waiting += 1
-        if request.key:
-            self.queued_by_key[request.key] = self.queued_of(request.key) + 1
+        key = request.key
+        waiting = self.queued_of(key)
+        if not waiting:
+            self.fair.waits_again(key)
+        self.queued_by_key[key] = waiting + 1
+
+    def _queue_moved(self, target: str, old: TargetQueue, new: TargetQueue, lane: Lane) -> None:
+        """``new`` replaces ``old`` as ``target``'s queue (none left when it is empty); of its lanes only
+        ``lane`` changed. The index of lane heads follows."""
+        heads = self.heads.following(target, old)
+        if not new.count:
+            self.queues.pop(target, None)
+            self.heads.targets.pop(target, None)
+            return
+        self.queues[target] = new
+        if heads is None:
+            return
+        head = new.head(lane)
+        if head == old.head(lane):
+            heads.kept(new)
+        else:
+            heads.moved(new, None if head is None else self.requests[head], self.fair)
+
+    def best_head(self, target: str) -> tuple[Rank, Request] | None:
+        """The first-ranked of the heads of ``target``'s lanes (None: nothing waits for it)."""
+        queue = self.queues.get(target)
+        if queue is None:
+            return None
+        if len(queue.lanes) <= FEW_LANES:  # ranking each head costs less than keeping heaps
+            best: tuple[Rank, Request] | None = None
+            for rid in queue.heads():
+                request = self.requests[rid]
+                ranked = rank(self.policy, self.fair, request, self.now)
+                if best is None or ranked < best[0]:
+                    best = (ranked, request)
+            return best
+        heads = self.heads.of(target, queue, self.requests, self.fair)
+        return heads.best(self.requests, self.policy, self.now, self.fair)
 
     def unqueue(self, request: Request) -> None:
         """Take a queued request out of its queue and forget it."""
@@ -207,18 +268,15 @@ class Work:
 
     def _leave_queue(self, request: Request) -> None:
         """``request`` (no longer queued in ``requests``) leaves its target's queue."""
-        queue = self.queue(request.target).drop(request.lane, request.rid, self.is_queued)
-        if queue.count:
-            self.queues[request.target] = queue
-        else:
-            self.queues.pop(request.target, None)
+        target, lane = request.target, request.lane
+        old = self.queue(target)
+        self._queue_moved(target, old, old.drop(lane, request.rid, self.is_queued), lane)
         self.waiting -= 1
-        if request.key:
-            left = self.queued_by_key[request.key] - 1
-            if left:
-                self.queued_by_key[request.key] = left
-            else:
-                del self.queued_by_key[request.key]
+        left = self.queued_by_key[request.key] - 1
+        if left:
+            self.queued_by_key[request.key] = left
+        else:
+            del self.queued_by_key[request.key]
 
     def reject(self, request: Request, code: RejectCode, message: str) -> None:
         """End a queued or in-flight request with an error."""
@@ -228,10 +286,14 @@ class Work:
             self.release(request)
         self.cmds.append(Reject(request.rid, code, message))
 
-    def dispatch(self, request: Request, replica: Replica, model: str) -> None:
+    def _served(self, request: Request) -> None:
+        """It leaves its queue for a dispatch (or a forward): its key's tag moves on (fair share)."""
         self.requests.remove(request.rid)
         self._leave_queue(request)
         self.fair.serve(request.key, self.settings.weight(request.key))
+
+    def dispatch(self, request: Request, replica: Replica, model: str) -> None:
+        self._served(request)
         self.requests[request.rid] = attrs.evolve(request, phase=INFLIGHT, replica=replica.id, model=model)
         memory = replica.memory
         if request.prefix:
@@ -246,9 +308,7 @@ class Work:
 
     def forward(self, request: Request, peer: str, model: str) -> None:
         """Send a queued request to ``peer``, which serves ``model``."""
-        self.requests.remove(request.rid)
-        self._leave_queue(request)
-        self.fair.serve(request.key, self.settings.weight(request.key))
+        self._served(request)
         self.requests[request.rid] = attrs.evolve(request, phase=INFLIGHT, peer=peer, model=model)
         self.peer_inflight[peer] = self.peer_inflight.get(peer, pset()).add(request.rid)
         self.last_used[model] = self.now

@@ -16,12 +16,15 @@ import httpx
 import trio
 
 from router.http.replica_errors import BODY_LIMIT
+from router.http.request_class import CLASS_HEADER
 from router.http.upstream import ReplyTimeout, UpstreamBroken, UpstreamReply
 from router.shell.peers import describe_failure, peer_headers
 from router.shell.ticket import Ticket
 from router.shell.views import RouterView
 
 LOOP_DETECTED = 508  # the peer refused a second hop: no capacity miss, the answer itself
+# Client headers the router sets itself on a request to a peer.
+_REPLACED = frozenset({b"accept-encoding", CLASS_HEADER.encode()})
 
 
 class PeerResponse(UpstreamReply):
@@ -67,8 +70,11 @@ class PeerRelay:
         if peer is None:
             ticket.peer_failed("the peer was removed from the configuration", down=False, status=None)
             return None
-        sent = [(k, v) for k, v in headers if k.lower() != b"accept-encoding"]
+        sent = [(k, v) for k, v in headers if k.lower() not in _REPLACED]
         sent += [(k.encode(), v.encode()) for k, v in peer_headers(peer).items()]
+        # The class it is served in here goes on: the peer orders it among its own waiting requests (and
+        # clamps it to the class of the key this router presents there).
+        sent.append((CLASS_HEADER.encode(), ticket.klass.label.encode()))
         sent.append((b"accept-encoding", b"identity"))  # relayed as it comes, so no encoding
         request = self.client.build_request(
             method,

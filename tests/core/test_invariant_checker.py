@@ -156,11 +156,12 @@ def test_queues_agree_with_the_requests() -> None:
 
 def test_requests_waiting_per_key_are_counted_exactly() -> None:
     state = base()
-    assert state.queued_by_key == {}  # request 3 is anonymous: never counted
-    fails(attrs.evolve(state, queued_by_key=pmap({"": 1})), "INV-KEY-QUEUE", "the counts say {'': 1}")
+    assert state.queued_by_key == {"": 1}  # request 3, anonymous
+    fails(attrs.evolve(state, queued_by_key=pmap({"": 2})), "INV-KEY-QUEUE", "the counts say {'': 2}")
+    fails(attrs.evolve(state, queued_by_key=pmap()), "INV-KEY-QUEUE", "are {'': 1}, the counts say {}")
     request = attrs.evolve(state.requests[3], key="alice")
     keyed = attrs.evolve(state, requests=state.requests.set(3, request))
-    fails(keyed, "INV-KEY-QUEUE", "are {'alice': 1}, the counts say {}")
+    fails(keyed, "INV-KEY-QUEUE", "are {'alice': 1}, the counts say {'': 1}")
 
 
 def test_queue_order_and_shutdown() -> None:
@@ -171,7 +172,13 @@ def test_queue_order_and_shutdown() -> None:
     swapped = TargetQueue(pmap({(1, ""): Fifo(pvector([3, 2]), 0, 2)}), 2)  # keep the test about order only
     only_two = state.requests.remove(1)
     fails(
-        attrs.evolve(state, requests=only_two, waiting=2, queues=state.queues.set("b", swapped)),
+        attrs.evolve(
+            state,
+            requests=only_two,
+            waiting=2,
+            queued_by_key=pmap({"": 2}),
+            queues=state.queues.set("b", swapped),
+        ),
         "INV-QUEUE",
         "out of arrival order",
     )

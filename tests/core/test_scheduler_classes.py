@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
+
 from statemachine import (
     Dispatch,
     Event,
@@ -316,3 +318,30 @@ def test_a_load_failure_of_its_only_member_in_scope_fails_a_pooled_request() -> 
     state, commands = step(state, LoadFailed(load.replica, "out of memory"))
     rejected = [c.rid for c in commands if isinstance(c, Reject)]
     assert rejected == [1]
+
+
+def test_many_keys_of_one_class_take_turns_through_the_heaps() -> None:
+    # checks: INV-FAIR
+    keys = [f"k{i}" for i in range(6)]  # more lanes than are ranked one by one: the heaps order them
+    state = loaded(Settings(models=[ModelSpec("m", pinned=True)]))
+    arrivals = [RequestArrived(10 * i + n, "m", key=key) for n in range(1, 4) for i, key in enumerate(keys)]
+    state, went = feed(state, arrivals)
+    assert went == [1]  # k0's first took the free slot
+    _, order = drain(state, 1, len(arrivals) - 1)
+    # round by round, every key once, in the order the keys' first requests came (k0 was served first)
+    assert order[:5] == [11, 21, 31, 41, 51], order
+    assert order[5:11] == [2, 12, 22, 32, 42, 52], order
+
+
+def test_a_step_from_an_older_state_answers_as_from_a_fresh_one() -> None:
+    # checks: INV-DETERMINISM
+    keys = [f"k{i}" for i in range(6)]
+    state = loaded(Settings(models=[ModelSpec("m", pinned=True)]))
+    state, _ = feed(
+        state, [RequestArrived(10 * i + n, "m", key=k) for n in (1, 2) for i, k in enumerate(keys)]
+    )
+    older = state
+    state, _ = feed(state, [RequestFinished(1), RequestFinished(11)])  # moves the shared index on
+    again, commands = step(older, RequestFinished(1))
+    fresh, fresh_commands = step(attrs.evolve(older, heads=None), RequestFinished(1))
+    assert commands == fresh_commands and again == fresh

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import trio
 
-from statemachine import State
+from statemachine import RequestClass, State
 from tests.support.client import chat_body
-from tests.support.harness import running_router
+from tests.support.harness import running_router, serving
+from tests.support.simconfig import config_document
 
 
 async def test_a_peer_answering_5xx_sends_a_pooled_request_to_the_next_member(tmp_path: Path) -> None:
@@ -67,3 +68,27 @@ async def test_requests_beyond_a_peers_limit_wait_here_and_go_in_order(tmp_path:
                 nursery.cancel_scope.cancel()
             assert finished == [0, 1, 2, 3]
             assert most == 1  # the peer never held more than max_in_flight of them
+
+
+async def test_a_request_reaches_its_peer_in_the_class_it_is_served_in_here(tmp_path: Path) -> None:
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a").mkdir()
+    async with running_router(tmp_path / "b", {"far": {"sim": {"tokens": 40, "token_rate": 20.0}}}) as b:
+        peers = {"box": {"url": b.url, "models": ["far"]}}
+        doc = config_document(tmp_path / "a", {"near": {}}, peers=peers)
+        doc["keys"] = {"bot": {"key": "sk-bot-0000", "class": "batch"}, "me": {"key": "sk-me-0000"}}
+        async with serving(tmp_path / "a", doc) as a:
+            classes: list[RequestClass] = []
+
+            async def send() -> None:
+                # the key's class here is batch; the header it forges asks for more, and is not passed on
+                headers = {"Authorization": "Bearer sk-bot-0000", "x-router-class": "interactive"}
+                body = {**chat_body("far", "x"), "max_tokens": 2}
+                reply = await a.client.post("/v1/chat/completions", json=body, headers=headers)
+                assert reply.status_code == 200, reply.text
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send)
+                state = await b.wait_state(lambda s: bool(s.requests))
+                classes += [r.klass for r in state.requests.values()]
+            assert classes == [RequestClass.BATCH]
