@@ -78,6 +78,7 @@ async def test_dashboard_shows_timeline_residency_and_history(tmp_path: Path) ->
         changed = time.time()  # one more sample after the last change:
         await until(lambda: sampled_since(h.client, changed), timeout=20)
         answered = (await h.client.get("/history", params={"limit": 1000, "status": "ok"})).json()["rows"]
+        usage = (await h.client.get("/usage")).json()["keys"]
         dom = (await chromium(browser, "--virtual-time-budget=6000", "--dump-dom", f"{h.url}/dash")).decode()
         OUTPUTS.mkdir(exist_ok=True)
         for name, size in (("dashboard.png", "1280,1720"), ("dashboard-phone.png", "390,2400")):
@@ -129,6 +130,10 @@ async def test_dashboard_shows_timeline_residency_and_history(tmp_path: Path) ->
     assert len(elements(dom, "circle", class_="dot-cache")) >= len(served)
     shares = {e["data-model"] for e in elements(dom, "span", class_="cache-share")}
     assert shares == served
+    # Usage by key: every request here was anonymous, the 404 and the 503 included.
+    usage_rows = elements(dom, "tr", class_="usage-row")
+    assert [(e["data-key"], int(e["data-requests"])) for e in usage_rows] == [("", usage[""]["requests"])]
+    assert usage[""]["requests"] == 8 and usage[""]["errors"] == 3
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -51,6 +51,7 @@
         const tr = document.createElement("tr");
         tr.className = "usage-row";
         tr.dataset.key = key;
+        tr.dataset.requests = String(u.requests);
         tr.append(cell(key || "anonymous"), cell(whole(u.requests), "num"), cell(whole(u.errors), "num"),
           cell(whole(u.prompt_tokens), "num"), cell(whole(u.completion_tokens), "num"),
           cell(whole(u.cached_tokens), "num wide"), cell(seconds(u.queue_seconds), "num wide"),
