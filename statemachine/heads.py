@@ -31,10 +31,20 @@ _CLASSES = len(RequestClass)
 _SLACK = 64  # entries a target's heaps may hold beyond four per lane before they are built again
 
 
+class Memo:
+    """A target's best head as last found (``best``), under ``policy``, while its key's tag is ``tag`` and
+    the clock is before ``until`` (the next head's aging)."""
+
+    __slots__ = ("best", "policy", "tag", "until")
+
+    def __init__(self, best: tuple[Rank, Request], policy: Policy, tag: float, until: float) -> None:
+        self.best, self.policy, self.tag, self.until = best, policy, tag, until
+
+
 class TargetHeads:
     """The heaps of one target's lane heads, and its best head as last found."""
 
-    __slots__ = ("by_seq", "by_tag", "memo", "memo_policy", "memo_tag", "queue", "valid_until")
+    __slots__ = ("by_seq", "by_tag", "memo", "queue")
 
     def __init__(self, queue: TargetQueue, requests: Mapping[int, Request], fair: FairShare) -> None:
         self.queue = queue
@@ -48,26 +58,19 @@ class TargetHeads:
                 self.by_seq[lane[0]].append((seq, rid))
         for heap in (*self.by_tag, *self.by_seq):
             heapq.heapify(heap)
-        self.forget()
-
-    def forget(self) -> None:
-        self.memo: tuple[Rank, Request] | None = None
-        self.memo_policy: Policy | None = None  # the policy (maximum waits) the memo was found under
-        self.memo_tag = 0.0  # the memo's key's tag when it was found
-        self.valid_until = -math.inf
+        self.memo: Memo | None = None
 
     def moved(self, queue: TargetQueue, head: Request | None, fair: FairShare) -> None:
         """``queue`` replaces the one these heaps were for; one lane has a new head (``head``) or none."""
         self.queue = queue
-        self.forget()
+        self.memo = None
         if head is not None:
             heapq.heappush(self.by_tag[head.klass], (fair.tag(head.key), head.seq, head.rid))
             heapq.heappush(self.by_seq[head.klass], (head.seq, head.rid))
 
     def kept(self, queue: TargetQueue) -> None:
-        """``queue`` replaces the one these heaps were for, with the same heads."""
+        """``queue`` replaces the one these heaps were for, with the same heads (and so the same best)."""
         self.queue = queue
-        self.forget()
 
     def oversized(self) -> bool:
         return sum(len(h) for h in self.by_tag) > 4 * len(self.queue.lanes) + _SLACK
@@ -80,15 +83,16 @@ class TargetHeads:
 
     def best(
         self, requests: Mapping[int, Request], policy: Policy, now: float, fair: FairShare
-    ) -> tuple[Rank, Request] | None:
+    ) -> tuple[Rank, Request]:
+        """The first-ranked head (the target's queue is never empty)."""
         memo = self.memo
         if (
             memo is not None
-            and now < self.valid_until
-            and policy is self.memo_policy
-            and fair.tag(memo[1].key) == self.memo_tag
+            and now < memo.until
+            and policy is memo.policy
+            and fair.tag(memo.best[1].key) == memo.tag
         ):
-            return memo
+            return memo.best
         best: tuple[Rank, Request] | None = None
         next_aging = math.inf
         for klass in range(_CLASSES):
@@ -118,9 +122,8 @@ class TargetHeads:
             rank = (1 + klass, tag, seq)
             if best is None or rank < best[0]:
                 best = (rank, requests[rid])
-        self.memo, self.memo_policy, self.valid_until = best, policy, next_aging
-        if best is not None:
-            self.memo_tag = fair.tag(best[1].key)
+        assert best is not None, "a target's queue with no head"
+        self.memo = Memo(best, policy, fair.tag(best[1].key), next_aging)
         return best
 
 
