@@ -76,10 +76,7 @@ class TargetHeads:
         return sum(len(h) for h in self.by_tag) > 4 * len(self.queue.lanes) + _SLACK
 
     def _is_head(self, rid: int, requests: Mapping[int, Request]) -> bool:
-        if rid not in requests:
-            return False
-        fifo = self.queue.lanes.get(requests[rid].lane)
-        return fifo is not None and fifo.first() == rid
+        return rid in requests and self.queue.head(requests[rid].lane) == rid
 
     def best(
         self, requests: Mapping[int, Request], policy: Policy, now: float, fair: FairShare
@@ -148,7 +145,4 @@ class HeadIndex:
         """The heads of ``target`` if they are those of the queue object ``old`` (else None: built again
         when next needed)."""
         heads = self.targets.get(target)
-        if heads is not None and heads.queue is old:
-            return heads
-        self.targets.pop(target, None)
-        return None
+        return heads if heads is not None and heads.queue is old else None

@@ -233,8 +233,7 @@ class Work:
         ``lane`` changed. The index of lane heads follows."""
         heads = self.heads.following(target, old)
         if not new.count:
-            self.queues.pop(target, None)
-            self.heads.targets.pop(target, None)
+            self.queues.pop(target, None)  # its heads, if indexed, are built again when it next has some
             return
         self.queues[target] = new
         if heads is None:

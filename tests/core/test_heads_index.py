@@ -103,3 +103,17 @@ def test_a_step_from_a_state_off_the_line_builds_its_own_index() -> None:
     again, _ = step(older, RequestFinished(100))
     assert again.heads is not state.heads and again == state
     assert initial_state(older.settings).heads is None
+
+
+def test_heaps_full_of_stale_entries_are_built_again() -> None:
+    state = busy()
+    w = Work(state)
+    heads = w.heads.of("m", state.queues["m"], w.requests, w.fair)
+    lanes = len(state.queues["m"].lanes)
+    gone = w.requests[200]
+    for _ in range(3 * lanes + 64):  # a head that is no head: pushed, never the best, dropped when on top
+        heads.moved(state.queues["m"], gone, w.fair)
+    assert w.heads.of("m", state.queues["m"], w.requests, w.fair) is heads  # at the bound: kept
+    heads.moved(state.queues["m"], gone, w.fair)
+    rebuilt = w.heads.of("m", state.queues["m"], w.requests, w.fair)
+    assert rebuilt is not heads and sum(len(h) for h in rebuilt.by_tag) == lanes
