@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING
 
 import attrs
 from pyrsistent import pmap, pset
@@ -12,9 +11,6 @@ from pyrsistent.typing import PMap, PSet
 from .classes import RequestClass
 from .lanes import TargetQueue
 from .settings import ModelSpec, Settings
-
-if TYPE_CHECKING:
-    from .heads import HeadIndex
 
 
 class RequestPhase(enum.StrEnum):
@@ -139,7 +135,8 @@ class State:
     index: ReplicaIndex | None = attrs.field(default=None, eq=False, repr=False)
     # A cache for step(): each target's lane heads in rank order (statemachine/heads.py), trusted only for
     # the very queue objects it was built for; never part of equality or repr.
-    heads: HeadIndex | None = attrs.field(default=None, eq=False, repr=False)
+    # (A ``statemachine.heads.HeadIndex``, which imports this module: typed here as any object.)
+    heads: object = attrs.field(default=None, eq=False, repr=False)
 
     def spec_of(self, replica: Replica) -> ModelSpec:
         """The spec a replica runs with: the configured one, or the one it kept when a reload retired it."""

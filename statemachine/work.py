@@ -69,7 +69,7 @@ class Work:
         self.fair = FairShare(state.fair, state.vclock)
         self.queued_by_key = state.queued_by_key.evolver()
         heads = state.heads
-        self.heads = heads if heads is not None and heads.owner is state else HeadIndex()
+        self.heads = heads if isinstance(heads, HeadIndex) and heads.owner is state else HeadIndex()
         self.overflow: list[tuple[int, RejectCode]] = []  # admitted over a bound: rejected unless they go now
         self.cmds: list[Command] = []
 

@@ -21,7 +21,7 @@ from statemachine import (
     initial_state,
     step,
 )
-from statemachine.heads import TargetHeads
+from statemachine.heads import HeadIndex, TargetHeads
 from statemachine.work import FEW_LANES, Work
 from tests.core.test_scheduler_classes import drain, feed, loaded
 
@@ -39,7 +39,7 @@ def busy(**policy: object) -> State:
 
 
 def heads_of(state: State) -> TargetHeads:
-    assert state.heads is not None and state.heads.owner is state
+    assert isinstance(state.heads, HeadIndex) and state.heads.owner is state
     return state.heads.targets["m"]
 
 
