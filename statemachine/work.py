@@ -286,10 +286,11 @@ class Work:
         self.cmds.append(Reject(request.rid, code, message))
 
     def _served(self, request: Request) -> None:
-        """It leaves its queue for a dispatch (or a forward): its key's tag moves on (fair share)."""
+        """It leaves its queue for a dispatch (or a forward): its key's tag moves on first (fair share), so
+        that the lane's next head is indexed under the tag it will be ranked by."""
+        self.fair.serve(request.key, self.settings.weight(request.key))
         self.requests.remove(request.rid)
         self._leave_queue(request)
-        self.fair.serve(request.key, self.settings.weight(request.key))
 
     def dispatch(self, request: Request, replica: Replica, model: str) -> None:
         self._served(request)
