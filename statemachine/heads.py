@@ -50,12 +50,12 @@ class TargetHeads:
         self.queue = queue
         self.by_tag: list[list[tuple[float, int, int]]] = [[] for _ in range(_CLASSES)]
         self.by_seq: list[list[tuple[int, int]]] = [[] for _ in range(_CLASSES)]
-        for lane, fifo in queue.lanes.items():
+        for (klass, key), fifo in queue.lanes.items():
             rid = fifo.first()
             if rid is not None:
                 seq = requests[rid].seq
-                self.by_tag[lane[0]].append((fair.tag(lane[1]), seq, rid))
-                self.by_seq[lane[0]].append((seq, rid))
+                self.by_tag[klass].append((fair.tag(key), seq, rid))
+                self.by_seq[klass].append((seq, rid))
         for heap in (*self.by_tag, *self.by_seq):
             heapq.heapify(heap)
         self.memo: Memo | None = None
