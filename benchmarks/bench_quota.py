@@ -5,18 +5,22 @@ One tiny model with two slots; two named keys: ``quiet`` (no limits) and ``hamme
 default 20). The phases alternate, ``--rounds`` times each, so that both see the machine's noise:
 
     alone       the quiet key sends ``--requests`` short chat requests, one after the other
-    hammered    the same, while the hammer key sends requests at ``--rate`` per second from four senders,
-                every one of them answered 429
+    hammered    the same, while the hammer key sends requests at ``--rate`` per second from four senders in a
+                process of its own, every one of them answered 429
 
 The hammer's quota is spent before the first measured round; as the minute slides, the requests it lets
 through again run like any other. Reports the quiet key's latency p50/p90 in both phases, their ratio
 (goal: at most 1.10), and the hammer's answers by status. Writes outputs/benchmark-quota.json.
 
-    python benchmarks/bench_quota.py [--rounds 5] [--requests 20] [--rate 100]
+    python benchmarks/bench_quota.py [--rounds 10] [--requests 20] [--rate 100]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import signal
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -57,42 +61,67 @@ async def _quiet_round(client: httpx.AsyncClient, model: str, count: int) -> lis
     return times
 
 
-async def _hammer(client: httpx.AsyncClient, model: str, rate: float, answers: Counter[int]) -> None:
-    """Requests at ``rate`` per second from four senders, until cancelled."""
+async def _hammer(url: str, model: str, rate: float) -> None:
+    """The hammer, in a process of its own (so that its client's work does not slow the quiet key's client):
+    requests at ``rate`` per second from four senders; "ready" on stdout after its first answer; its answers
+    by status as one JSON line once SIGTERM arrives."""
     headers = {"Authorization": f"Bearer {HAMMER}"}
+    answers: Counter[int] = Counter()
+    limits = httpx.Limits(max_connections=8, max_keepalive_connections=8)
+    async with httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits) as client:
+        with trio.open_signal_receiver(signal.SIGTERM) as signals:
 
-    async def sender() -> None:
-        while True:
-            started = trio.current_time()
-            reply = await client.post("/v1/chat/completions", json=_body(model), headers=headers)
-            answers[reply.status_code] += 1
-            await trio.sleep_until(started + 4.0 / rate)
+            async def sender() -> None:
+                while True:
+                    started = trio.current_time()
+                    reply = await client.post("/v1/chat/completions", json=_body(model), headers=headers)
+                    if not answers:
+                        print("ready", flush=True)
+                    answers[reply.status_code] += 1
+                    await trio.sleep_until(started + 4.0 / rate)
 
-    async with trio.open_nursery() as nursery:
-        for _ in range(4):
-            nursery.start_soon(sender)
+            async with trio.open_nursery() as nursery:
+                for _ in range(4):
+                    nursery.start_soon(sender)
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+                    break
+    print(json.dumps({str(k): v for k, v in sorted(answers.items())}), flush=True)
+
+
+class Hammer:
+    """The hammer's process for one phase."""
+
+    def __init__(self, url: str, model: str, rate: float) -> None:
+        command = [sys.executable, __file__, "--hammer", url, "--model", model, "--rate", str(rate)]
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None
+        assert self.process.stdout.readline().strip() == "ready"
+
+    def stop(self, answers: Counter[int]) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        out, _ = self.process.communicate(timeout=60)
+        for status, count in json.loads(out.strip().splitlines()[-1]).items():
+            answers[int(status)] += count
 
 
 async def benchmark(url: str, args: Any) -> dict[str, Any]:
     model = args.model
-    limits = httpx.Limits(max_connections=16, max_keepalive_connections=16)
-    async with httpx.AsyncClient(base_url=url, timeout=120.0, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=120.0) as client:
         await _quiet_round(client, model, 2)  # loaded and warm
         spent: Counter[int] = Counter()
-        async with trio.open_nursery() as nursery:  # spend the hammer's quota before measuring
-            nursery.start_soon(_hammer, client, model, args.rate, spent)
-            while not spent[429]:
-                await trio.sleep(0.05)
-            nursery.cancel_scope.cancel()
+        headers = {"Authorization": f"Bearer {HAMMER}"}
+        while not spent[429]:  # spend the hammer's quota before measuring
+            reply = await client.post("/v1/chat/completions", json=_body(model), headers=headers)
+            spent[reply.status_code] += 1
         alone: list[float] = []
         hammered: list[float] = []
         answers: Counter[int] = Counter()
         for _ in range(args.rounds):
             alone += await _quiet_round(client, model, args.requests)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_hammer, client, model, args.rate, answers)
-                hammered += await _quiet_round(client, model, args.requests)
-                nursery.cancel_scope.cancel()
+            hammer = await trio.to_thread.run_sync(Hammer, url, model, args.rate)
+            hammered += await _quiet_round(client, model, args.requests)
+            await trio.to_thread.run_sync(hammer.stop, answers)
     quiet_alone, quiet_hammered = summary(alone), summary(hammered)
     ratio = (quiet_hammered["p50"] or 0.0) / (quiet_alone["p50"] or 1.0)
     return {
@@ -142,8 +171,16 @@ def report(result: dict[str, Any]) -> None:
 
 
 def main() -> int:
+    if len(sys.argv) > 2 and sys.argv[1] == "--hammer":
+        hammer = argparse.ArgumentParser()
+        hammer.add_argument("--hammer")
+        hammer.add_argument("--model", default="m")
+        hammer.add_argument("--rate", type=float, default=100.0)
+        options = hammer.parse_args()
+        trio.run(_hammer, options.hammer, options.model, options.rate)
+        return 0
     parser = base_parser(__doc__ or "")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--rate", type=float, default=100.0, help="the hammer's requests per second")
     parser.add_argument("--limit", type=int, default=20, help="the hammer's requests_per_minute")
