@@ -242,6 +242,9 @@ class Forwarder:
             headers=upstream_headers(raw_headers),
             stream=body.get("stream") is True,
         )
+        limits = desk.limit_headers(who.name)
+        if limits:
+            reply = Reply(reply.status, {**reply.headers, **limits}, reply.body, reply.length)
         return reply, True
 
     def _outside(self, who: Client, target: str) -> frozenset[str]:

@@ -6,10 +6,12 @@ count against ``tokens_per_day`` when its reply ends, read from the reply's usag
 is refused; one already admitted runs to its end). The token window is filled from the request history at
 start, so a restart forgives nothing.
 
-A key over one of its limits gets 429 ``rate_limit_exceeded`` with ``Retry-After`` (whole seconds until the
-window has room again) and OpenAI's ``x-ratelimit-*`` headers; the whole router's ``queue_limit`` stays 503
-and is checked first: while the queue is full, requests go on to the scheduler, which refuses them with 503
-and they count against no key. (A key's ``max_queued`` is the scheduler's to keep: it knows the queue.)
+Every answer to an admitted request of a key with limits carries OpenAI's ``x-ratelimit-*`` headers (what
+is left of each limit, and when its oldest use leaves the window). A key over one of its limits gets 429
+``rate_limit_exceeded`` with ``Retry-After`` (whole seconds until the window has room again) and the same
+headers; the whole router's ``queue_limit`` stays 503 and is checked first: while the queue is full,
+requests go on to the scheduler, which refuses them with 503 and they count against no key. (A key's
+``max_queued`` is the scheduler's to keep: it knows the queue.)
 """
 
 from __future__ import annotations
@@ -129,6 +131,28 @@ class Quotas:
             f"or raise the limit in [keys.{key}]"
         )
         return OverLimit(message, headers)
+
+    def standing(self, key: str, now: float) -> dict[str, str]:
+        """OpenAI's ``x-ratelimit-*`` headers for an answer to ``key`` (none for a key without limits): each
+        limit, what is left of it, and when the oldest use counted against it leaves the window."""
+        limits = self.limits.get(key)
+        if limits is None:
+            return {}
+        use = self.use[key]
+        use.forget_before(now)
+        headers: dict[str, str] = {}
+        rpm, tpd = limits.requests_per_minute, limits.tokens_per_day
+        if rpm is not None:
+            headers["x-ratelimit-limit-requests"] = str(rpm)
+            headers["x-ratelimit-remaining-requests"] = str(max(0, rpm - len(use.requests)))
+            reset = use.room_for_request(now) if use.requests else 0.0
+            headers["x-ratelimit-reset-requests"] = duration_text(reset) if reset > 0 else "0s"
+        if tpd is not None:
+            headers["x-ratelimit-limit-tokens"] = str(tpd)
+            headers["x-ratelimit-remaining-tokens"] = str(max(0, tpd - use.token_sum))
+            reset = use.tokens[0][0] + DAY - now if use.tokens else 0.0
+            headers["x-ratelimit-reset-tokens"] = duration_text(reset) if reset > 0 else "0s"
+        return headers
 
     def spent(self, key: str, at: float, tokens: int) -> None:
         """``key``'s reply that ended at ``at`` used ``tokens``."""

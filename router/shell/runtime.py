@@ -457,6 +457,10 @@ class Router:
     def unload(self, model: str | None, force: bool) -> None:
         self.submit(UnloadRequested(model, force))
 
+    def quota_headers(self, key: str) -> dict[str, str]:
+        """The ``x-ratelimit-*`` headers for an answer to the key named ``key`` (none without limits)."""
+        return self.quotas.standing(key, time.time())
+
     def quota_refusal(self, key: str) -> OverLimit | None:
         """The 429 for a request of the key named ``key`` over its requests_per_minute or tokens_per_day,
         else None (and it counts). While the whole queue is full nothing counts: the scheduler answers 503."""

@@ -151,6 +151,10 @@ class Desk(RouterView):
     def publish(self, record: RequestRecord) -> None:
         self._router.publish(record)
 
+    def limit_headers(self, key: str) -> dict[str, str]:
+        """OpenAI's ``x-ratelimit-*`` headers for an answer to the key named ``key`` (none without limits)."""
+        return self._router.quota_headers(key) if key else {}
+
     def over_limit(self, key: str) -> OverLimit | None:
         """Why a request of the key named ``key`` is over its own limits, else None (and it counts)."""
         return self._router.quota_refusal(key) if key else None

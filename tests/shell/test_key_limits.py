@@ -37,7 +37,13 @@ def document(tmp_path: Path, alice: dict[str, Any], models: dict[str, Any] | Non
 
 async def test_a_key_over_its_requests_per_minute_gets_429_and_another_key_does_not(tmp_path: Path) -> None:
     async with serving(tmp_path, document(tmp_path, {"requests_per_minute": 2})) as h:
-        assert [(await chat(h, ALICE)).status_code for _ in range(2)] == [200, 200]
+        first, second = [await chat(h, ALICE) for _ in range(2)]
+        assert (first.status_code, second.status_code) == (200, 200)
+        # every answer says what is left: OpenAI's headers, as its SDKs read them
+        assert first.headers["x-ratelimit-limit-requests"] == "2"
+        assert first.headers["x-ratelimit-remaining-requests"] == "1"
+        assert second.headers["x-ratelimit-remaining-requests"] == "0"
+        assert second.headers["x-ratelimit-reset-requests"] in ("59s", "1m0s")
         refused = await chat(h, ALICE)
         error = assert_openai_error(refused, 429, "rate_limit_exceeded")
         assert error["type"] == "rate_limit_error"
@@ -46,7 +52,8 @@ async def test_a_key_over_its_requests_per_minute_gets_429_and_another_key_does_
         assert refused.headers["x-ratelimit-limit-requests"] == "2"
         assert refused.headers["x-ratelimit-remaining-requests"] == "0"
         assert refused.headers["x-ratelimit-reset-requests"].endswith("s")
-        assert (await chat(h, BOB)).status_code == 200
+        bob = await chat(h, BOB)
+        assert bob.status_code == 200 and "x-ratelimit-limit-requests" not in bob.headers  # bob has none
         rows = (await h.client.get("/history", headers=as_key(BOB))).json()["rows"]
         assert [(r["key"], r["status"]) for r in rows] == [
             ("bob", 200),

@@ -53,3 +53,23 @@ def test_the_day_is_refilled_from_history_rows_but_not_with_older_ones() -> None
 
 def test_reset_times_read_as_openai_writes_them() -> None:
     assert [duration_text(s) for s in (0.2, 59.1, 60, 3723)] == ["1s", "1m0s", "1m0s", "1h2m3s"]
+
+
+def test_every_answer_says_what_is_left_of_each_limit() -> None:
+    q = quotas(requests_per_minute=3, tokens_per_day=100)
+    assert q.standing("a", 0.0) == {
+        "x-ratelimit-limit-requests": "3",
+        "x-ratelimit-remaining-requests": "3",
+        "x-ratelimit-reset-requests": "0s",
+        "x-ratelimit-limit-tokens": "100",
+        "x-ratelimit-remaining-tokens": "100",
+        "x-ratelimit-reset-tokens": "0s",
+    }
+    assert q.refusal("a", 10.0) is None
+    q.spent("a", 12.0, 30)
+    standing = q.standing("a", 20.0)
+    assert standing["x-ratelimit-remaining-requests"] == "2"
+    assert standing["x-ratelimit-reset-requests"] == "50s"
+    assert standing["x-ratelimit-remaining-tokens"] == "70"
+    assert standing["x-ratelimit-reset-tokens"] == "23h59m52s"
+    assert q.standing("free", 20.0) == {} and q.standing("", 20.0) == {}
