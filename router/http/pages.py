@@ -41,7 +41,6 @@ DASH_FILES = {
     "dash.css": "text/css; charset=utf-8",
     "dash-plan.js": "text/javascript; charset=utf-8",
     "dash-rpc.js": "text/javascript; charset=utf-8",
-    "dash-usage.js": "text/javascript; charset=utf-8",
 }
 # The pages and their files hold no data, so they are served without an API key (router.http.admission).
 OPEN_PATHS = (

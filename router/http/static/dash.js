@@ -1,10 +1,12 @@
 "use strict";
-// The llama-router dashboard: polls /status, /dash/timeline and /history and draws them. No build step,
-// no libraries: DOM and SVG only.
+// The llama-router dashboard: polls /status, /dash/timeline, /history and /usage and draws them. No build
+// step, no libraries: DOM and SVG only.
 (() => {
   const POLL_MS = 2000;
   const HISTORY_MS = 5000;
   const MODELS_MS = 30000;
+  const USAGE_MS = 15000;
+  const DAY_S = 86400;
   const SVGNS = "http://www.w3.org/2000/svg";
   const KEY_STORE = "llama-router-key";
 
@@ -21,6 +23,7 @@
     measured: false,
     serverNow: 0,
     queue: [],
+    usage: null,
     got: { status: false, timeline: false, history: false },
   };
   let apiKey = localStorage.getItem(KEY_STORE) || "";
@@ -161,6 +164,7 @@
     refresh();
     refreshHistory();
     refreshModels();
+    refreshUsage();
   });
 
   function setLive(ok, text) {
@@ -566,6 +570,29 @@
     $("history-hint").textContent = parts.join(" · ");
   }
 
+  // What each client key used over the last 24 hours (/usage sums the request history, so it survives restarts).
+  function renderUsage() {
+    const doc = store.usage;
+    if (!doc) return;
+    const rows = Object.entries(doc.keys || {}).map(([key, u]) =>
+      h("tr", { class: "usage-row", "data-key": key, "data-requests": u.requests },
+        h("td", { text: key || "anonymous" }),
+        h("td", { class: "num", text: fmtInt(u.requests) }),
+        h("td", { class: "num", text: fmtInt(u.errors) }),
+        h("td", { class: "num", text: fmtInt(u.prompt_tokens) }),
+        h("td", { class: "num", text: fmtInt(u.completion_tokens) }),
+        h("td", { class: "num wide", text: fmtInt(u.cached_tokens) }),
+        h("td", { class: "num wide", text: fmtDur(u.queue_seconds) }),
+        h("td", { class: "num", text: fmtDur(u.replica_seconds) })));
+    replace($("usage"), table(
+      [["key"], ["requests", "num"], ["errors", "num"], ["prompt", "num"], ["completion", "num"],
+        ["cached", "num wide"], ["queued", "num wide"], ["replica time", "num"]],
+      rows, "No requests in the last 24 hours."));
+    $("usage-hint").textContent =
+      "last 24 h, from /usage" + (doc.source === "memory" ? " (recent requests only)" : "");
+    $("usage").dataset.ready = "1";
+  }
+
   function renderModels() {
     const select = $("f-model");
     const chosen = select.value;
@@ -702,6 +729,15 @@
     }
   }
 
+  async function refreshUsage() {
+    try {
+      store.usage = await api("usage?since=" + (Math.floor(serverNow()) - DAY_S));
+      renderUsage();
+    } catch (err) {
+      $("usage-hint").textContent = "could not load: " + err.message;
+    }
+  }
+
   async function refreshModels() {
     try {
       store.models = (await api("v1/models")).data || [];
@@ -732,9 +768,11 @@
   refresh();
   refreshHistory();
   refreshModels();
+  refreshUsage();
   every(POLL_MS, refresh);
   every(HISTORY_MS, refreshHistory);
   every(MODELS_MS, refreshModels);
+  every(USAGE_MS, refreshUsage);
   document.addEventListener("visibilitychange", () => {
     if (!document.hidden) {
       refresh();
