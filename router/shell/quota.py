@@ -96,33 +96,30 @@ class Quotas:
         self.use = {name: self.use.get(name, KeyUse()) for name in self.limits}
 
     def refusal(self, key: str, now: float) -> OverLimit | None:
-        """The 429 for a request of ``key`` over one of its limits, else None (and the request counts)."""
+        """The 429 for a request of ``key`` over one of its limits, else None (and the request counts). Its
+        headers are those of every answer (``standing``), with each exceeded limit's reset at the time the
+        key has room again."""
         limits = self.limits.get(key)
         if limits is None:
             return None
         use = self.use[key]
         use.forget_before(now)
         rpm, tpd = limits.requests_per_minute, limits.tokens_per_day
-        headers: dict[str, str] = {}
         waits: list[tuple[float, str]] = []
-        if rpm is not None:
-            headers["x-ratelimit-limit-requests"] = str(rpm)
-            headers["x-ratelimit-remaining-requests"] = str(max(0, rpm - len(use.requests)))
-            if len(use.requests) >= rpm:
-                wait = use.room_for_request(now)
-                headers["x-ratelimit-reset-requests"] = duration_text(wait)
-                waits.append((wait, f"requests_per_minute = {rpm} ({len(use.requests)} in the last minute)"))
-        if tpd is not None:
-            headers["x-ratelimit-limit-tokens"] = str(tpd)
-            headers["x-ratelimit-remaining-tokens"] = str(max(0, tpd - use.token_sum))
-            if use.token_sum >= tpd:
-                wait = use.room_for_tokens(tpd, now)
-                headers["x-ratelimit-reset-tokens"] = duration_text(wait)
-                waits.append((wait, f"tokens_per_day = {tpd} ({use.token_sum} in the last 24 h)"))
+        resets: dict[str, str] = {}
+        if rpm is not None and len(use.requests) >= rpm:
+            wait = use.room_for_request(now)
+            resets["x-ratelimit-reset-requests"] = duration_text(wait)
+            waits.append((wait, f"requests_per_minute = {rpm} ({len(use.requests)} in the last minute)"))
+        if tpd is not None and use.token_sum >= tpd:
+            wait = use.room_for_tokens(tpd, now)
+            resets["x-ratelimit-reset-tokens"] = duration_text(wait)
+            waits.append((wait, f"tokens_per_day = {tpd} ({use.token_sum} in the last 24 h)"))
         if not waits:
             if rpm is not None:
                 use.requests.append(now)
             return None
+        headers = {**self.standing(key, now), **resets}
         wait = max(w for w, _ in waits)
         headers["Retry-After"] = str(max(1, math.ceil(wait)))
         over = " and ".join(why for _, why in waits)
