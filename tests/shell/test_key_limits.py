@@ -7,27 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
 import trio
 
 from router.config.values import KeyConfig
 from router.deploy.launch import key_queue_limits
-from tests.support.client import assert_openai_error, chat_body
+from tests.shell.test_keys import ALICE, BOB, SLOW, as_key, chat
+from tests.support.client import assert_openai_error
 from tests.support.harness import RouterHandle, serving
 from tests.support.simconfig import config_document
 from tests.support.waiting import until
-
-ALICE, BOB = "sk-alice-0123", "sk-bob-4567"
-SLOW = {"tokens": 40, "token_rate": 20.0}  # two seconds a reply
-
-
-def as_key(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-async def chat(h: RouterHandle, key: str, model: str = "chat") -> httpx.Response:
-    body = chat_body(model, max_tokens=2)
-    return await h.client.post("/v1/chat/completions", json=body, headers=as_key(key))
 
 
 def document(tmp_path: Path, alice: dict[str, Any], models: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -37,14 +25,14 @@ def document(tmp_path: Path, alice: dict[str, Any], models: dict[str, Any] | Non
 
 async def test_a_key_over_its_requests_per_minute_gets_429_and_another_key_does_not(tmp_path: Path) -> None:
     async with serving(tmp_path, document(tmp_path, {"requests_per_minute": 2})) as h:
-        first, second = [await chat(h, ALICE) for _ in range(2)]
+        first, second = [await chat(h, ALICE, "chat") for _ in range(2)]
         assert (first.status_code, second.status_code) == (200, 200)
         # every answer says what is left: OpenAI's headers, as its SDKs read them
         assert first.headers["x-ratelimit-limit-requests"] == "2"
         assert first.headers["x-ratelimit-remaining-requests"] == "1"
         assert second.headers["x-ratelimit-remaining-requests"] == "0"
         assert second.headers["x-ratelimit-reset-requests"] in ("59s", "1m0s")
-        refused = await chat(h, ALICE)
+        refused = await chat(h, ALICE, "chat")
         error = assert_openai_error(refused, 429, "rate_limit_exceeded")
         assert error["type"] == "rate_limit_error"
         assert "requests_per_minute = 2" in error["message"] and "[keys.alice]" in error["message"], error
@@ -52,7 +40,7 @@ async def test_a_key_over_its_requests_per_minute_gets_429_and_another_key_does_
         assert refused.headers["x-ratelimit-limit-requests"] == "2"
         assert refused.headers["x-ratelimit-remaining-requests"] == "0"
         assert refused.headers["x-ratelimit-reset-requests"].endswith("s")
-        bob = await chat(h, BOB)
+        bob = await chat(h, BOB, "chat")
         assert bob.status_code == 200 and "x-ratelimit-limit-requests" not in bob.headers  # bob has none
         rows = (await h.client.get("/history", headers=as_key(BOB))).json()["rows"]
         assert [(r["key"], r["status"]) for r in rows] == [
@@ -71,18 +59,18 @@ async def wait_spent(h: RouterHandle, key: str) -> None:
 async def test_a_key_over_its_tokens_per_day_stays_refused_across_a_restart(tmp_path: Path) -> None:
     doc = document(tmp_path, {"tokens_per_day": 5})
     async with serving(tmp_path, doc) as h:
-        assert (await chat(h, ALICE)).status_code == 200  # its prompt alone is more than 5 tokens
+        assert (await chat(h, ALICE, "chat")).status_code == 200  # its prompt alone is more than 5 tokens
         await wait_spent(h, "alice")
-        refused = await chat(h, ALICE)
+        refused = await chat(h, ALICE, "chat")
         error = assert_openai_error(refused, 429, "rate_limit_exceeded")
         assert "tokens_per_day = 5" in error["message"], error
         assert refused.headers["x-ratelimit-limit-tokens"] == "5"
         assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
         assert 82_000 <= int(refused.headers["retry-after"]) <= 86_400  # until the tokens leave the day
-        assert (await chat(h, BOB)).status_code == 200
+        assert (await chat(h, BOB, "chat")).status_code == 200
     async with serving(tmp_path, doc) as h:  # the same history: the day's tokens still count
-        assert_openai_error(await chat(h, ALICE), 429, "rate_limit_exceeded")
-        assert (await chat(h, BOB)).status_code == 200
+        assert_openai_error(await chat(h, ALICE, "chat"), 429, "rate_limit_exceeded")
+        assert (await chat(h, BOB, "chat")).status_code == 200
 
 
 async def test_a_key_with_max_queued_waiting_gets_429_and_its_running_work_goes_on(tmp_path: Path) -> None:
@@ -92,14 +80,14 @@ async def test_a_key_with_max_queued_waiting_gets_429_and_its_running_work_goes_
         answers: list[int] = []
 
         async def send() -> None:
-            answers.append((await chat(h, ALICE)).status_code)
+            answers.append((await chat(h, ALICE, "chat")).status_code)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(send)  # runs
             await h.wait_state(lambda s: any(r.phase == "inflight" for r in s.requests.values()))
             nursery.start_soon(send)  # waits
             await h.wait_state(lambda s: s.waiting == 1)
-            refused = await chat(h, ALICE)
+            refused = await chat(h, ALICE, "chat")
             error = assert_openai_error(refused, 429, "key_queue_full")
             assert "max_queued = 1" in error["message"] and error["type"] == "rate_limit_error", error
             assert refused.headers["retry-after"]
@@ -116,7 +104,7 @@ def test_named_keys_without_max_queued_share_half_the_queue_each() -> None:
 async def test_usage_per_key_on_usage_and_metrics(tmp_path: Path) -> None:
     async with serving(tmp_path, document(tmp_path, {})) as h:
         for key in (ALICE, ALICE, BOB):
-            assert (await chat(h, key)).status_code == 200
+            assert (await chat(h, key, "chat")).status_code == 200
         assert_openai_error(await chat(h, BOB, "nothing"), 404, "model_not_found")
         await h.wait_idle()
         doc = (await h.client.get("/usage", headers=as_key(BOB))).json()
