@@ -50,6 +50,7 @@ TESTS = [
     "property_tests/test_liveness.py",
     "property_tests/test_class_machine.py",
     "property_tests/test_scope_machine.py",
+    "property_tests/test_swap_machine.py",
 ]
 COPIED = ("statemachine", "tests", "property_tests", "spec", "pyproject.toml")
 # The seed of ``--seed commit`` outside a git checkout (an unpacked sdist, say).

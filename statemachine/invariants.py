@@ -71,6 +71,11 @@ def check(state: State) -> None:
             f"requests waiting per key are {by_key}, the counts say {dict(state.queued_by_key)}",
         )
     _check_queues(state, queued)
+    limit = settings.policy.swap_batch_max
+    for rid, count in state.overtaken.items():
+        request = state.requests.get(rid)
+        if request is None or request.phase != QUEUED or limit is None or not 0 < count <= limit:
+            _fail("INV-SWAP-BATCH", f"request {rid} counts {count} overtakes (swap_batch_max {limit})")
     if state.shutting_down and queued:
         _fail("INV-SHUTDOWN", f"{queued} requests still wait after shutdown began")
     for rid, _spec in state.retired.items():

@@ -20,6 +20,7 @@ from .order import Rank, claim_time
 from .queries import serving_models
 from .settings import ModelSpec
 from .state import LOADING, STOPPING, Request
+from .swaps import Batches, batch_full, hold_until, young
 from .work import Work
 
 
@@ -60,6 +61,7 @@ def schedule(w: Work) -> None:
     wake: list[float] = []
     blocked: set[int] = set()
     protected: set[str] = set()
+    batches = Batches(w)
     # (rank, target, dispatches before it was ranked, request): ranks are unique (they end in seq). A rank
     # only grows while its request waits (statemachine.order): one ranked before a dispatch is checked again.
     heap: list[tuple[Rank, str, int, Request]] = []
@@ -76,7 +78,7 @@ def schedule(w: Work) -> None:
             if best is not None and best[0] > taken:
                 heapq.heappush(heap, (best[0], target, fair.served, best[1]))
                 continue
-        _place(w, request, blocked, protected, wake)
+        _place(w, request, blocked, protected, wake, batches)
         if w.is_queued(request.rid):
             continue  # it waits: so does the rest of its target
         nxt = w.best_head(target)
@@ -110,7 +112,9 @@ def _overflow_message(w: Work, request: Request, code: RejectCode) -> str:
     return f"the queue is full ({w.waiting - 1} requests waiting, queue_limit = {limit}); retry later"
 
 
-def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wake: list[float]) -> None:
+def _place(
+    w: Work, request: Request, blocked: set[int], protected: set[str], wake: list[float], batches: Batches
+) -> None:
     """Dispatch ``request`` if it can go now; otherwise start what it waits for (a load, a swap)."""
     names = candidates(
         w, request.target, request.tokens, request.avoid, request.local_only, outside=request.outside
@@ -132,6 +136,7 @@ def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wa
         replica = w.free_replica(name, request.prefix)
         if replica is not None:
             w.dispatch(request, replica, name)
+            batches.passed(spec.gpus, blocked)
             return
     if request.overflow:
         return
@@ -147,7 +152,7 @@ def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wa
         return
     to_load, count = load
     due = claim_time(w.policy, request)
-    claiming = w.now >= due
+    claiming = w.now >= due or batch_full(w, request)
     gpus = set(to_load.gpus)
     if not (blocked & gpus) and all(w.fits(to_load, g, count, set(), count_stopping=True) for g in gpus):
         for _ in range(count):
@@ -155,17 +160,21 @@ def _place(w: Work, request: Request, blocked: set[int], protected: set[str], wa
         return
     if not claiming:
         wake.append(due)
+        batches.waits(request, to_load.gpus)
     if blocked & gpus:
         if claiming:
             blocked |= gpus
         return
-    victims = _victims(w, to_load, count, protected)
+    victims = _victims(w, request, to_load, count, protected, wake)
     if claiming:
         blocked |= gpus
     if not victims:
         return
     busy = [v for v in victims if w.has_queued(v) or any(r.inflight for r in w.replicas_of(v))]
-    if claiming or not busy:
+    held = None if claiming or busy else hold_until(w, victims, to_load)
+    if held is not None:
+        wake.append(held)  # its client may come back: no eviction before the hold ends
+    elif claiming or not busy:
         where = ", ".join(str(g) for g in to_load.gpus)
         reason = f"evicted ({w.policy.eviction}) to load '{to_load.name}' on GPU {where}"
         eviction = Eviction(to_load.name, to_load.gpus, w.policy.eviction)
@@ -229,8 +238,11 @@ def _loadable(w: Work, spec: ModelSpec, live: int) -> int:
     return best
 
 
-def _victims(w: Work, spec: ModelSpec, missing: int, protected: set[str]) -> list[str] | None:
-    """Models to evict so that ``missing`` replicas of ``spec`` fit; None when it cannot be done now."""
+def _victims(
+    w: Work, request: Request, spec: ModelSpec, missing: int, protected: set[str], wake: list[float]
+) -> list[str] | None:
+    """Models to evict so that ``missing`` replicas of ``spec`` fit for ``request``; None when it cannot be
+    done now (a resident too young to leave sets a wake-up for when it may)."""
     victims: list[str] = []
     # Replicas that are stopping, or draining (unload, reload) and so about to stop, count as gone.
     leaving = {r.model for r in w.replicas.values() if r.phase == STOPPING or r.draining}
@@ -243,6 +255,12 @@ def _victims(w: Work, spec: ModelSpec, missing: int, protected: set[str]) -> lis
                 if gpu in r.gpus and r.phase != STOPPING and r.model != spec.name
             } - set(victims)
             choices = {m for m in choices if not w.is_pinned(m) and m not in protected}
+            if choices and w.policy.min_residency > 0:
+                staying = young(w, request, gpu)
+                if staying and not choices - staying.keys():  # it waits: until they may leave, or it aged
+                    wake.extend(t for m, t in staying.items() if m in choices and t is not None)
+                    wake.append(request.arrived + w.policy.max_wait[request.klass])
+                choices -= staying.keys()
             if not choices:
                 return None
             victims.append(min(choices, key=lambda m: _victim_key(w, m)))

@@ -171,7 +171,8 @@ def _ready(w: Work, e: ReplicaReady) -> None:
     replica = w.replicas.get(e.replica)
     if replica is None or replica.phase != LOADING:
         raise IllegalEvent(f"ReplicaReady for replica {e.replica}, which is not loading")
-    w.put(attrs.evolve(replica, phase=READY))
+    w.put(attrs.evolve(replica, phase=READY, ready_at=w.now))
+    w.load_seconds[replica.model] = w.now - replica.spawned_at
     w.failing.discard(replica.model)
 
 
@@ -243,6 +244,8 @@ def _settings_changed(w: Work, e: SettingsChanged) -> None:
         if replica.model in retire and replica.id not in w.retired:
             w.retired[replica.id] = w.spec_of(replica)
     w.settings, w.policy, w.models = new, new.policy, new.model_table
+    limit = new.policy.swap_batch_max  # counts of overtakes past a new, lower bound claim at once
+    w.overtaken = {} if limit is None else {rid: min(n, limit) for rid, n in w.overtaken.items()}
     w.memo.clear()
     for peer in [p for p in w.peers_down if p not in new.peers]:
         del w.peers_down[peer]

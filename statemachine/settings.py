@@ -96,6 +96,15 @@ class Policy:
     # The most seconds a request of each class (interactive, standard, batch) waits before it goes ahead of
     # every class, oldest first (see statemachine/classes.py).
     max_wait: tuple[float, float, float] = (30.0, 120.0, 600.0)
+    # Swap batching (statemachine/swaps.py): a request that waits for a swap and does not claim its GPUs yet
+    # lets at most ``swap_batch_max`` later requests go past it on those GPUs (None: only time bounds it).
+    swap_batch_max: int | None = None
+    # An idle resident whose last use is this recent is held (not evicted) for a request that does not claim
+    # yet: its client may come back. None: a tenth of the load times measured for the two models.
+    swap_hold: float | None = 0.0
+    # A model ready for less than this many seconds (or still loading) is not evicted, except for a request
+    # that has waited its class's maximum wait.
+    min_residency: float = 0.0
 
     @property
     def claim_after(self) -> float:

@@ -82,6 +82,7 @@ class Replica:
     gpus: tuple[int, ...]
     phase: ReplicaPhase
     spawned_at: float
+    ready_at: float | None = None
     inflight: PSet[int] = attrs.field(factory=pset)
     draining: bool = False
     forced: bool = False
@@ -130,6 +131,10 @@ class State:
     vclock: float = 0.0
     # How many requests of each key wait, "" (anonymous) included; keys with none waiting are left out.
     queued_by_key: PMap[str, int] = attrs.field(factory=pmap)
+    # Swap batching: how many later requests went past each waiting request that needs a swap, on its GPUs
+    # (only requests still waiting are kept), and how long each model's latest load took (spawn to ready).
+    overtaken: PMap[int, int] = attrs.field(factory=pmap)
+    load_seconds: PMap[str, float] = attrs.field(factory=pmap)
     # A cache for step(): replicas by model and each model's (free slot?, live replicas). Trusted only for the
     # very ``replicas`` tuple and ``settings`` it was built for; never part of equality or repr.
     index: ReplicaIndex | None = attrs.field(default=None, eq=False, repr=False)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import attrs
 from pyrsistent import pmap, pset
-from pyrsistent.typing import PSet
+from pyrsistent.typing import PMap, PSet
 
 from .affinity import Chain, remember, shared
 from .commands import Command, Dispatch, Eviction, Forward, Kill, KillCause, Reject, RejectCode, Spawn
@@ -28,6 +28,7 @@ from .state import (
     State,
 )
 
+EMPTY_COUNTS: PMap[int, int] = pmap()
 FEW_LANES = 4  # a target with up to this many lanes ranks its heads directly (statemachine.heads otherwise)
 
 
@@ -68,6 +69,8 @@ class Work:
         self.peers_down: dict[str, str] = dict(state.peers_down)
         self.fair = FairShare(state.fair, state.vclock)
         self.queued_by_key = state.queued_by_key.evolver()
+        self.overtaken: dict[int, int] = dict(state.overtaken)
+        self.load_seconds = state.load_seconds.evolver()
         heads = state.heads
         self.heads = heads if isinstance(heads, HeadIndex) and heads.owner is state else HeadIndex()
         self.overflow: list[tuple[int, RejectCode]] = []  # admitted over a bound: rejected unless they go now
@@ -97,11 +100,19 @@ class Work:
             fair=self.fair.persistent(),
             vclock=self.fair.vclock,
             queued_by_key=self.queued_by_key.persistent(),
+            overtaken=self._overtaken(),
+            load_seconds=self.load_seconds.persistent(),
             index=ReplicaIndex(replicas, self.settings, self.by_model, self.memo),
             heads=self.heads,
         )
         self.heads.owner = frozen
         return frozen
+
+    def _overtaken(self) -> PMap[int, int]:
+        """The counts of requests still waiting (the others are forgotten)."""
+        if not self.overtaken:
+            return EMPTY_COUNTS
+        return pmap({rid: n for rid, n in self.overtaken.items() if self.is_queued(rid)})
 
     # ----------------------------------------------------------------- reading
     def request(self, rid: int) -> Request | None:

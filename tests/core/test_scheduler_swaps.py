@@ -1,0 +1,181 @@
+"""Scheduler scenarios: fewer swaps (statemachine/swaps.py) — batching per model, the hold for a client that
+comes back, and the least residency.
+
+Models ``a`` and ``b`` share GPU 0 (one model at a time); ``a`` has one slot unless said otherwise.
+"""
+
+from __future__ import annotations
+
+from statemachine import (
+    Dispatch,
+    ModelSpec,
+    Policy,
+    ReplicaExited,
+    ReplicaReady,
+    RequestArrived,
+    RequestClass,
+    RequestFinished,
+    Settings,
+    Spawn,
+    Startup,
+    Tick,
+    WakeAt,
+)
+from tests.support.scenario import evict, play, spawn
+
+
+def settings(**policy: object) -> Settings:
+    return Settings(models=[ModelSpec("a"), ModelSpec("b")], policy=Policy(**policy))  # type: ignore[arg-type]
+
+
+def a_busy() -> list:
+    """a is loaded and serves request 1 (t = 0..10: its load took 10 s)."""
+    return [
+        (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+        (Tick(10.0), []),
+        (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+    ]
+
+
+def test_the_resident_serves_its_waiting_requests_first_up_to_the_batch_bound() -> None:
+    """b waits for the swap while a's requests keep coming: two of them go past b (swap_batch_max = 2), the
+    third waits behind b's claim, and a is evicted once its work in flight is done. checks: INV-SWAP-BATCH"""
+    play(
+        settings(queue_head_grace=60.0, swap_batch_max=2),
+        [
+            *a_busy(),
+            (RequestArrived(2, "b"), [WakeAt(70.0)]),
+            (RequestArrived(3, "a"), []),
+            (RequestArrived(4, "a"), []),
+            (RequestArrived(5, "a"), []),
+            (RequestFinished(1), [Dispatch(3, 1, "a")]),
+            (RequestFinished(3), [Dispatch(4, 1, "a")]),
+            (RequestFinished(4), [evict(1, "a", "b")]),  # b has let two go: it claims, 5 waits behind it
+            (ReplicaExited(1, "evicted"), [spawn(2, "b", 2)]),
+            (ReplicaReady(2), [Dispatch(2, 2, "b")]),
+        ],
+    )
+
+
+def test_the_batch_ends_at_the_claim_time_whatever_its_count() -> None:
+    """With room for ten, the batch still ends when b has waited queue_head_grace. checks: INV-SWAP-BATCH"""
+    play(
+        settings(queue_head_grace=5.0, swap_batch_max=10),
+        [
+            *a_busy(),
+            (RequestArrived(2, "b"), [WakeAt(15.0)]),
+            (RequestArrived(3, "a"), []),
+            (RequestArrived(4, "a"), []),
+            (RequestFinished(1), [Dispatch(3, 1, "a")]),
+            (Tick(15.0), []),  # b claims: a takes nothing new
+            (RequestFinished(3), [evict(1, "a", "b")]),
+        ],
+    )
+
+
+def test_strict_order_without_batching() -> None:
+    """queue_head_grace = 0: b claims at once, a's later requests wait behind it.
+    checks: INV-SWAP-BATCH INV-ORDER"""
+    play(
+        settings(queue_head_grace=0.0, swap_batch_max=4),
+        [
+            *a_busy(),
+            (RequestArrived(2, "b"), []),
+            (RequestArrived(3, "a"), []),
+            (RequestFinished(1), [evict(1, "a", "b")]),
+        ],
+    )
+
+
+def test_the_idle_resident_is_held_for_its_client_to_come_back() -> None:
+    """a's request ends while b waits: a is held 2 s; a's client comes back after 1 s and is served by a,
+    without a swap; when a stays idle through the hold, b gets its swap. checks: INV-SWAP-HOLD"""
+    play(
+        settings(queue_head_grace=60.0, swap_batch_max=4, swap_hold=2.0),
+        [
+            *a_busy(),
+            (RequestArrived(2, "b"), [WakeAt(70.0)]),
+            (Tick(12.0), []),
+            (RequestFinished(1), [WakeAt(14.0)]),  # held until 12 + 2
+            (Tick(13.0), []),
+            (RequestArrived(3, "a"), [Dispatch(3, 1, "a"), WakeAt(70.0)]),  # back within the hold
+            (Tick(14.0), []),
+            (RequestFinished(3), [WakeAt(16.0)]),
+            (Tick(16.0), [evict(1, "a", "b"), WakeAt(70.0)]),  # the hold ran out
+        ],
+    )
+
+
+def test_the_default_hold_is_a_tenth_of_the_measured_loads() -> None:
+    """a's load took 10 s and b's was never seen: the hold is 1 s. checks: INV-SWAP-HOLD"""
+    play(
+        settings(queue_head_grace=60.0, swap_batch_max=4, swap_hold=None),
+        [
+            *a_busy(),
+            (RequestArrived(2, "b"), [WakeAt(70.0)]),
+            (Tick(12.0), []),
+            (RequestFinished(1), [WakeAt(13.0)]),
+            (Tick(13.0), [evict(1, "a", "b"), WakeAt(70.0)]),
+        ],
+    )
+
+
+def test_nothing_is_held_once_the_waiter_claims() -> None:
+    """An interactive request claims its swap at once: the idle resident goes without a hold.
+    checks: INV-SWAP-HOLD"""
+    play(
+        settings(queue_head_grace=60.0, swap_batch_max=4, swap_hold=30.0),
+        [
+            *a_busy(),
+            (RequestFinished(1), []),
+            (RequestArrived(2, "b", klass=RequestClass.INTERACTIVE), [evict(1, "a", "b")]),
+        ],
+    )
+
+
+def test_a_model_never_used_is_not_held() -> None:
+    """a was loaded at startup and has served nothing: no client can come back to it, so b gets its swap at
+    once. checks: INV-SWAP-HOLD"""
+    models = [ModelSpec("a", load_on_startup=True), ModelSpec("b")]
+    play(
+        Settings(models=models, policy=Policy(queue_head_grace=60.0, swap_batch_max=4, swap_hold=30.0)),
+        [
+            (Startup(), [Spawn(1, "a", (0,), "load on startup", None)]),
+            (ReplicaReady(1), []),
+            (RequestArrived(2, "b"), [evict(1, "a", "b"), WakeAt(60.0)]),
+        ],
+    )
+
+
+def test_a_young_model_stays_its_least_residency() -> None:
+    """min_residency = 20: a, ready at t = 10, is evicted for b at t = 30; b, ready at t = 41, is not evicted
+    for a before t = 61. checks: INV-MIN-RESIDENCY"""
+    play(
+        settings(queue_head_grace=0.0, min_residency=20.0),
+        [
+            *a_busy(),
+            (RequestFinished(1), []),
+            (RequestArrived(2, "b"), [WakeAt(30.0)]),
+            (Tick(30.0), [evict(1, "a", "b")]),
+            (ReplicaExited(1, "evicted"), [spawn(2, "b", 2)]),
+            (Tick(41.0), []),
+            (ReplicaReady(2), [Dispatch(2, 2, "b")]),
+            (RequestFinished(2), []),
+            (RequestArrived(3, "a"), [WakeAt(61.0)]),
+            (Tick(61.0), [evict(2, "b", "a")]),
+        ],
+    )
+
+
+def test_a_request_past_its_maximum_wait_may_evict_a_young_model() -> None:
+    """The least residency never starves a waiter: once past its class's maximum wait it
+    evicts. checks: INV-MIN-RESIDENCY"""
+    play(
+        settings(queue_head_grace=0.0, min_residency=100.0, max_wait=(30.0, 5.0, 600.0)),
+        [
+            *a_busy(),
+            (RequestFinished(1), []),
+            (RequestArrived(2, "b"), [WakeAt(15.0)]),  # a stays until 110, or until b has waited 5 s
+            (Tick(15.0), [evict(1, "a", "b")]),
+        ],
+    )
