@@ -255,9 +255,9 @@ def _victims(
                 if gpu in r.gpus and r.phase != STOPPING and r.model != spec.name
             } - set(victims)
             choices = {m for m in choices if not w.is_pinned(m) and m not in protected}
-            if choices and w.policy.min_residency > 0:
+            if choices:
                 staying = young(w, request, gpu)
-                if staying and not choices - staying.keys():  # it waits: until they may leave, or it aged
+                if not choices - staying.keys():  # it waits: until they may leave, or until it has aged
                     wake.extend(t for m, t in staying.items() if m in choices and t is not None)
                     wake.append(request.arrived + w.policy.max_wait[request.klass])
                 choices -= staying.keys()

@@ -267,8 +267,20 @@ def _evolve_router(config: Config, **changes: Any) -> Config:
 # ----------------------------------------------------------------------------------------------- [router]
 
 
+SWAP_BATCH_KEYS = ("swap_batch_max", "swap_batch_window", "swap_hold")
+
+
 def _router(doc: Doc, table: Mapping[str, Any], env: Mapping[str, str]) -> RouterSettings:
     values = doc.keys("router", table, ROUTER_KEYS)
+    batching = [name for name in SWAP_BATCH_KEYS if name in table]
+    if "queue_head_grace" in table and batching:
+        raise ConfigError(
+            doc.path,
+            f"router.queue_head_grace = {table['queue_head_grace']} and router.{batching[0]} are both set: "
+            "queue_head_grace replaces swap batching with a timed order. Remove queue_head_grace to batch "
+            f"swaps, or remove {', '.join(batching)} to keep the timed order",
+            key="router.queue_head_grace",
+        )
     for name in ("api_keys_file", "history_db", "replica_logs", "kv_store_dir"):
         if values[name] is not None:
             values[name] = doc.path_value(values[name])

@@ -11,6 +11,7 @@ configuration reference, so the documentation and the checks cannot drift apart.
 from __future__ import annotations
 
 from router.config.keyspec import BOOLEAN, INTEGER, NUMBER, PATH, STRING, STRING_LIST, KeySpec
+from router.config.scheduling_keys import SCHEDULING_KEYS
 
 # What llama.cpp accepts for --cache-type-k / --cache-type-v.
 CACHE_TYPES: tuple[str, ...] = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
@@ -54,66 +55,7 @@ ROUTER_KEYS: tuple[KeySpec, ...] = (
         "oldest, `fifo` the earliest loaded. Pinned models never leave.",
         choices=("lru", "fifo"),
     ),
-    KeySpec(
-        "queue_head_grace",
-        NUMBER,
-        0.0,
-        "Seconds a queued request whose model is not loaded lets later requests for resident models go "
-        "first; after that it holds the queue and its swap happens once in-flight work drains. 0: strict "
-        "arrival order.",
-        0,
-    ),
-    KeySpec(
-        "queue_force_load_timeout",
-        NUMBER,
-        300.0,
-        "Last resort against starvation: a queued request that has waited this long holds its GPUs and "
-        "gets its swap, whatever `queue_head_grace` says (the grace is capped by this timeout).",
-        0,
-        exclusive_minimum=True,
-    ),
-    KeySpec(
-        "queue_limit",
-        INTEGER,
-        1000,
-        "Most requests waiting in the router as a whole; further requests are rejected. 0 rejects whatever "
-        "cannot be dispatched at once.",
-        0,
-    ),
-    KeySpec(
-        "routing_queue_limit",
-        INTEGER,
-        32,
-        "Most requests waiting for one pool; further ones are rejected.",
-        0,
-    ),
-    KeySpec(
-        "max_wait_interactive",
-        NUMBER,
-        30.0,
-        "Seconds a waiting request of class `interactive` (see `[keys.NAME]`) is ordered by class and fair "
-        "share; after that it goes before every class, oldest first.",
-        0,
-        exclusive_minimum=True,
-    ),
-    KeySpec(
-        "max_wait_standard",
-        NUMBER,
-        120.0,
-        "Seconds a waiting request of class `standard` (the default) may let requests of a higher class "
-        "go first; after that it goes before every class, oldest first.",
-        0,
-        exclusive_minimum=True,
-    ),
-    KeySpec(
-        "max_wait_batch",
-        NUMBER,
-        600.0,
-        "Seconds a waiting request of class `batch` may let requests of higher classes go first; after "
-        "that it goes before every class, oldest first, so batch work never starves.",
-        0,
-        exclusive_minimum=True,
-    ),
+    *SCHEDULING_KEYS,
     KeySpec(
         "affinity_guard",
         INTEGER,

@@ -200,7 +200,11 @@ class RouterSettings:
     llama_server: str | None = None
     max_models_per_gpu: int = _router_default("max_models_per_gpu")
     eviction: str = _router_default("eviction")
-    queue_head_grace: float = _router_default("queue_head_grace")
+    swap_batch_max: int = _router_default("swap_batch_max")
+    swap_batch_window: float = _router_default("swap_batch_window")
+    swap_hold: float | None = _router_default("swap_hold")
+    min_residency: float = _router_default("min_residency")
+    queue_head_grace: float | None = _router_default("queue_head_grace")
     queue_force_load_timeout: float = _router_default("queue_force_load_timeout")
     queue_limit: int = _router_default("queue_limit")
     routing_queue_limit: int = _router_default("routing_queue_limit")

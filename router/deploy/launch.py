@@ -7,13 +7,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from router.config.llama_args import llama_server_argv
 from router.config.load import Config, ConfigError, resolve_gpus
-from router.config.values import KeyConfig, ModelConfig
+from router.config.values import KeyConfig, ModelConfig, RouterSettings
 from router.deploy.rpc_devices import exclusive_need, model_devices, rpc_argv, rpc_devices
 from router.placement.prompt_cache import CRAM_MIN_MIB
 
@@ -164,7 +164,7 @@ def scheduler_settings(
     policy = Policy(
         max_models_per_gpu=r.max_models_per_gpu,
         eviction=r.eviction,
-        queue_head_grace=r.queue_head_grace,
+        **swap_policy(r),
         queue_force_load_timeout=r.queue_force_load_timeout,
         queue_limit=r.queue_limit,
         routing_queue_limit=r.routing_queue_limit,
@@ -180,6 +180,18 @@ def scheduler_settings(
         weights=weights,
         max_queued=key_queue_limits(config.keys, r.queue_limit),
     )
+
+
+def swap_policy(r: RouterSettings) -> dict[str, Any]:
+    """The scheduler's swap knobs: batching (the default), or the timed order of ``queue_head_grace``."""
+    if r.queue_head_grace is not None:
+        return {"queue_head_grace": r.queue_head_grace, "min_residency": r.min_residency}
+    return {
+        "queue_head_grace": r.swap_batch_window,
+        "swap_batch_max": r.swap_batch_max,
+        "swap_hold": r.swap_hold,
+        "min_residency": r.min_residency,
+    }
 
 
 def key_queue_limits(keys: Mapping[str, KeyConfig], queue_limit: int) -> dict[str, int]:

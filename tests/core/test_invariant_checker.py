@@ -249,3 +249,16 @@ def test_a_state_without_its_step_cache_steps_the_same() -> None:
         with_cache, commands = step(state, event)
         without, bare_commands = step(bare, event)
         assert bare_commands == commands and without == with_cache
+
+
+def test_overtakes_are_counted_only_for_waiting_requests_within_the_batch_bound() -> None:
+    """checks: INV-SWAP-BATCH"""
+    state = base()  # request 3 waits, 1 and 2 are in flight
+    bounded = attrs.evolve(state, settings=attrs.evolve(SETTINGS, policy=Policy(swap_batch_max=2)))
+    check(attrs.evolve(bounded, overtaken=pmap({3: 1})))
+    check(attrs.evolve(bounded, overtaken=pmap({3: 2})))  # the bound itself
+    fails(attrs.evolve(bounded, overtaken=pmap({3: 3})), "INV-SWAP-BATCH", "request 3 counts 3 overtakes")
+    fails(attrs.evolve(bounded, overtaken=pmap({3: 0})), "INV-SWAP-BATCH", "request 3 counts 0")
+    fails(attrs.evolve(bounded, overtaken=pmap({1: 1})), "INV-SWAP-BATCH", "request 1 counts 1")
+    fails(attrs.evolve(bounded, overtaken=pmap({9: 1})), "INV-SWAP-BATCH", "request 9 counts 1")
+    fails(attrs.evolve(state, overtaken=pmap({3: 1})), "INV-SWAP-BATCH", "(swap_batch_max None)")

@@ -20,6 +20,8 @@ from statemachine import (
     Startup,
     Tick,
     WakeAt,
+    check,
+    step,
 )
 from tests.support.scenario import evict, play, spawn
 
@@ -179,3 +181,54 @@ def test_a_request_past_its_maximum_wait_may_evict_a_young_model() -> None:
             (Tick(15.0), [evict(1, "a", "b")]),
         ],
     )
+
+
+def test_an_old_resident_is_evicted_before_a_young_one_without_waiting_for_it() -> None:
+    """Two models fit on GPU 0: a is old, c young (min_residency = 1). b evicts a at once, and nothing waits
+    for the end of c's residency. checks: INV-MIN-RESIDENCY"""
+    play(
+        Settings(
+            models=[ModelSpec("a"), ModelSpec("b"), ModelSpec("c")],
+            policy=Policy(max_models_per_gpu=2, queue_head_grace=0.0, min_residency=1.0),
+        ),
+        [
+            *a_busy(),
+            (RequestFinished(1), []),
+            (Tick(12.0), []),
+            (RequestArrived(2, "c"), [spawn(2, "c", 2)]),
+            (ReplicaReady(2), [Dispatch(2, 2, "c")]),
+            (RequestFinished(2), []),
+            (Tick(12.5), []),
+            (RequestArrived(3, "b"), [evict(1, "a", "b")]),
+        ],
+    )
+
+
+def test_a_reload_that_lowers_the_batch_bound_makes_a_waiter_past_it_claim() -> None:
+    """b has let two requests pass (bound 4); a reload lowers the bound to 1: b claims at once. A reload to
+    the timed order (no bound) forgets the counts. checks: INV-SWAP-BATCH"""
+    from statemachine import SettingsChanged
+
+    before = settings(queue_head_grace=60.0, swap_batch_max=4)
+    lowered = settings(queue_head_grace=60.0, swap_batch_max=1)
+    state = play(
+        before,
+        [
+            *a_busy(),
+            (RequestArrived(2, "b"), [WakeAt(70.0)]),
+            (RequestArrived(3, "a"), []),
+            (RequestArrived(4, "a"), []),
+            (RequestArrived(5, "a"), []),
+            (RequestFinished(1), [Dispatch(3, 1, "a")]),
+            (RequestFinished(3), [Dispatch(4, 1, "a")]),
+        ],
+    )
+    assert dict(state.overtaken) == {2: 2}
+    after, commands = step(state, SettingsChanged(lowered))
+    check(after)
+    assert dict(after.overtaken) == {2: 1}
+    after, commands = step(after, RequestFinished(4))
+    assert commands == (evict(1, "a", "b"), WakeAt(70.0))  # 5 waits behind b's claim until its own
+    timed, _ = step(state, SettingsChanged(settings(queue_head_grace=60.0)))
+    check(timed)
+    assert dict(timed.overtaken) == {}
