@@ -27,6 +27,10 @@ class AfterStepChecks(EvictionChecks):
                 self.fail("INV-CANCEL", f"{e} of a running request left it behind: {named}")
         if self.kill_expected is not None:
             self.fail("INV-KILL-IDLE", f"{e} yielded no Kill of the failed replica")
+        if self.abandoned:
+            self.fail(
+                "INV-ABANDON", f"{e} left loads nothing needs running: replicas {sorted(self.abandoned)}"
+            )
         for request in w.requests.values():
             if request.status == ORPHANED:
                 self.fail("INV-CONSERVATION", f"request {request.rid} lost its replica but was not rejected")

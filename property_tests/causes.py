@@ -10,10 +10,12 @@ the other trace checks do.
 from __future__ import annotations
 
 from statemachine import (
+    ClientGone,
     Event,
     Kill,
     KillCause,
     LoadFailed,
+    LoadRequested,
     ReplicaUnresponsive,
     SettingsChanged,
     Spawn,
@@ -26,7 +28,9 @@ def spawn_problem(c: Spawn, event: Event, waiting: dict[int, list[str]]) -> str:
     """Why ``c``'s cause is wrong, or "" when it fits; ``waiting`` maps each waiting request that may start a
     load (not an overflow) to the models that may serve it."""
     if c.request is None:
-        return "" if isinstance(event, Startup) else f"{c} names no request, but {event} is not Startup"
+        if isinstance(event, Startup | LoadRequested):
+            return ""
+        return f"{c} names no request, but {event} is neither Startup nor LoadRequested"
     if c.request not in waiting:
         return f"{c} names request {c.request}, which is not waiting (or may start no load)"
     if c.model not in waiting[c.request]:
@@ -42,13 +46,15 @@ def kill_problem(
     draining: bool,
     retired: bool,
     ttl_due: bool,
+    abandoned: bool,
     shutting_down: bool,
     deadline_due: bool,
 ) -> str:
     """Why ``c``'s cause does not fit its situation, or "" (whether a busy replica may be killed at all is
     INV-KILL-IDLE's business). ``busy``: the replica has requests in flight;
     ``draining``: an unload, a reload or a refused dispatch took it out of service; ``retired``: a reload
-    removed or restarted its model; ``ttl_due``: its model's idle time ran out. While shutting down the pass
+    removed or restarted its model; ``ttl_due``: its model's idle time ran out; ``abandoned``: a waiting
+    request left and nothing else needs its load (INV-ABANDON). While shutting down the pass
     kills only for the shutdown; the rules of events (a failed load, a hung replica, an unload, a reload)
     still kill for their own causes."""
     cause = c.cause
@@ -64,6 +70,7 @@ def kill_problem(
         KillCause.EVICTED: not shutting_down,
         KillCause.SHUTDOWN: shutting_down and not busy,
         KillCause.DEADLINE: shutting_down and deadline_due and busy,
+        KillCause.ABANDONED: isinstance(event, ClientGone) and abandoned,
     }
     if not fits[cause]:
         state = f"busy={busy} draining={draining} retired={retired} ttl_due={ttl_due}"

@@ -63,7 +63,7 @@ class CommandChecks(AnswerChecks, AfterStepChecks):
             w.failing.discard(c.model)  # none of it is live any more: a fresh start
         w.spawned_ids.add(c.replica)
         w.loaded_at.setdefault(c.model, w.now)
-        w.replicas[c.replica] = ReplicaView(c.replica, c.model, tuple(c.gpus), spec)
+        w.replicas[c.replica] = ReplicaView(c.replica, c.model, tuple(c.gpus), spec, asked=c.request is None)
         if w.live_count(c.model) > spec.replicas:
             self.fail("INV-REPLICAS", f"{c} gives {c.model} {w.live_count(c.model)} live replicas")
         for gpu in c.gpus:
@@ -92,6 +92,7 @@ class CommandChecks(AnswerChecks, AfterStepChecks):
             draining=replica.draining,
             retired=replica.retired,
             ttl_due=self.ttl_due(replica.model),
+            abandoned=c.replica in self.abandoned,
             shutting_down=w.shutting_down,
             deadline_due=due,
         )
@@ -103,6 +104,7 @@ class CommandChecks(AnswerChecks, AfterStepChecks):
                 self.fail("INV-KILL-IDLE", f"{c} while requests {sorted(replica.inflight)} are in flight")
         if self.kill_expected == c.replica:
             self.kill_expected = None
+        self.abandoned.discard(c.replica)
         replica.killed = True
 
     def dispatch(self, c: Dispatch) -> None:

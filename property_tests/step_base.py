@@ -44,6 +44,7 @@ class StepBase:
         self.arrival_over_limit = False
         self.gone_running: int | None = None
         self.kill_expected: int | None = None
+        self.abandoned: set[int] = set()  # loading replicas the departure of a waiting request stops
         self.load_failure: tuple[str, list[int]] | None = None
         self.unloading: list[int] = []
         self.retiring: list[int] = []
@@ -87,6 +88,7 @@ class StepBase:
             request = w.requests[e.rid]
             if request.status == WAITING:
                 self.end(request, "left")
+                self.abandoned = w.abandoned(request)
             else:
                 # The shell has closed the exchange: the slot is free in this very step (INV-CANCEL).
                 self.free_slot(request)

@@ -467,10 +467,18 @@ def _inv_affinity(self: SchedulerMachine) -> None:
     self.expect("INV-AFFINITY-GUARD", "INV-AFFINITY-NEUTRAL", "INV-AFFINITY-LONGEST", "INV-AFFINITY-MEMORY")
 
 
+@invariant()
+def _inv_abandon(self: SchedulerMachine) -> None:
+    """A load that nothing needs any more stops in the step its last waiting request leaves."""
+    # checks: INV-ABANDON
+    self.expect("INV-ABANDON")
+
+
 # Attached outside the class body, whose source seeds the derandomized searches of test_mutants.py: a check
 # added this way leaves the examples those searches draw (and so the mutants they find) as they are.
 SchedulerMachine.inv_causes = _inv_causes  # type: ignore[attr-defined]
 SchedulerMachine.inv_affinity = _inv_affinity  # type: ignore[attr-defined]
+SchedulerMachine.inv_abandon = _inv_abandon  # type: ignore[attr-defined]
 
 TestSchedulerMachine = SchedulerMachine.TestCase
 TestSchedulerMachine.settings = machine_settings()

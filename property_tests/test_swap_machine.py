@@ -22,6 +22,8 @@ The environment keeps its own account and checks, after every step:
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
@@ -32,6 +34,7 @@ from statemachine import (
     Event,
     Kill,
     KillCause,
+    LoadRequested,
     ModelSpec,
     Policy,
     Reject,
@@ -58,7 +61,8 @@ SETTLE_ROUNDS = 40
 
 
 class SwapMachine(RuleBasedStateMachine):
-    """checks: INV-SWAP-BATCH INV-SWAP-HOLD INV-MIN-RESIDENCY LIVE-SWAP"""
+    """checks: INV-SWAP-BATCH INV-SWAP-HOLD INV-MIN-RESIDENCY LIVE-SWAP INV-LOAD-ASKED INV-ABANDON
+    checks: INV-KEEP-ALIVE"""
 
     def __init__(self) -> None:
         super().__init__()
@@ -73,6 +77,12 @@ class SwapMachine(RuleBasedStateMachine):
         self.passed: dict[int, int] = {}  # waiting rid -> later requests that went past it on its GPUs
         self.wake: float | None = None
         self.pending: list[Event] = []
+        self.keep: dict[int, float | None] = {}  # rid -> the keep-alive it asked for
+        self.keep_alive: dict[str, float] = {}  # model -> the keep-alive of its residency
+        self.loaded_at: dict[str, float] = {}  # model -> when its residency began
+        self.asking: set[str] = set()  # models asked for (LoadRequested) whose replicas have not started
+        self.event: Event | None = None
+        self.gone_model = ""
 
     @initialize(
         gpus=st.tuples(*[st.sampled_from(((0,), (1,), (0, 1)))] * 3),
@@ -139,20 +149,27 @@ class SwapMachine(RuleBasedStateMachine):
         while self.pending:
             assert self.state is not None
             event = self.pending.pop(0)
+            self.event = event
+            before = self.abandonable(event)
             waiters = self.swap_waiters()
             claiming = {rid for rid, _, arrived in waiters if self.claims(rid, arrived)}
             self.state, commands = step(self.state, event)
             check(self.state)
             self.carry_out(commands, waiters, claiming)
             self.after_step()
+            left = sorted(r for r in before if not self.replicas.get(r, {"killed": True})["killed"])
+            assert not left, f"INV-ABANDON: loads {left} nobody needs go on after {event}"
 
     def carry_out(
         self, commands: tuple[Command, ...], waiters: list[tuple[int, str, float]], claiming: set[int]
     ) -> None:
         for command in commands:
             match command:
-                case Spawn(replica=replica, model=model):
+                case Spawn(replica=replica, model=model, request=rid):
+                    self.asking.discard(model)
+                    self.loaded_at.setdefault(model, self.now)
                     self.replicas[replica] = {
+                        "asked": rid is None,
                         "model": model,
                         "spawned": self.now,
                         "ready": None,
@@ -162,6 +179,7 @@ class SwapMachine(RuleBasedStateMachine):
                 case Kill(replica=replica, model=model, cause=cause, eviction=eviction):
                     if cause is KillCause.EVICTED and eviction is not None:
                         self.check_eviction(replica, model, eviction.model, waiters, claiming)
+                    self.check_kill(replica, model, cause)
                     self.replicas[replica]["killed"] = True
                 case Dispatch(rid=rid, replica=replica, model=model):
                     self.check_passing(rid, model, waiters, claiming)
@@ -169,10 +187,50 @@ class SwapMachine(RuleBasedStateMachine):
                     self.running[rid] = replica
                     self.replicas[replica]["inflight"].add(rid)
                     self.last_used[model] = self.now
+                    if self.keep.get(rid) is not None:
+                        self.keep_alive[model] = self.keep[rid]  # type: ignore[assignment]
                 case Reject(rid=rid):
                     self.waiting.pop(rid, None)
                 case WakeAt(at=at):
                     self.wake = at
+
+    def abandonable(self, event: Event) -> set[int]:
+        """INV-ABANDON: the loads the departure of a waiting request must stop in its step."""
+        if not isinstance(event, ClientGone) or event.rid in self.waiting:
+            return set()  # (the leave rule takes the request out of ``waiting`` before it feeds the event)
+        model = self.gone_model
+        queued = {m for m, _ in self.waiting.values()}
+        replicas = {i: r for i, r in self.replicas.items() if r["model"] == model and not r["killed"]}
+        if model in queued or model in self.asking or any(r["asked"] for r in replicas.values()):
+            return set()
+        return {i for i, r in replicas.items() if r["ready"] is None}
+
+    def idle_due(self, model: str) -> float | None:
+        """When ``model`` stops for idleness (INV-KEEP-ALIVE), None when it may not: its residency's
+        keep-alive (the models here have no ttl), all its replicas ready and idle, nothing waiting for it."""
+        keep = self.keep_alive.get(model)
+        replicas = [r for r in self.replicas.values() if r["model"] == model and not r["killed"]]
+        if keep is None or keep == math.inf or not replicas:
+            return None
+        if any(r["inflight"] or r["ready"] is None for r in replicas):
+            return None
+        if any(m == model for m, _ in self.waiting.values()):
+            return None
+        return max(self.loaded_at[model], self.last_used.get(model, -math.inf)) + keep
+
+    def check_kill(self, replica: int, model: str, cause: KillCause) -> None:
+        """INV-ABANDON, INV-KEEP-ALIVE: a kill for either cause fits what the environment saw."""
+        if cause is KillCause.ABANDONED:
+            assert isinstance(self.event, ClientGone), f"INV-ABANDON: {replica} abandoned after {self.event}"
+            record = self.replicas[replica]
+            assert record["ready"] is None and not record["asked"], f"INV-ABANDON: {replica} was not to stop"
+            assert model not in self.asking, f"INV-ABANDON: {model} is asked for"
+            assert all(m != model for m, _ in self.waiting.values()), f"INV-ABANDON: {model} is waited for"
+        if cause is KillCause.IDLE_TTL:
+            due = self.idle_due(model)
+            assert due is not None and due <= self.now, (
+                f"INV-KEEP-ALIVE: {model} stopped at {self.now}, due {due}"
+            )
 
     def check_passing(
         self, rid: int, model: str, waiters: list[tuple[int, str, float]], claiming: set[int]
@@ -209,7 +267,13 @@ class SwapMachine(RuleBasedStateMachine):
             assert end <= self.now, f"INV-SWAP-HOLD: {victim} evicted at {self.now}, held until {end}"
 
     def after_step(self) -> None:
-        """INV-SWAP-BATCH: no free slot stays unused unless an earlier claim holds its GPUs."""
+        """INV-SWAP-BATCH: no free slot stays unused unless an earlier claim holds its GPUs. INV-KEEP-ALIVE:
+        the scheduler wakes when an idle model's keep-alive runs out."""
+        for model in MODELS:
+            due = self.idle_due(model)
+            if due is not None:
+                assert due > self.now, f"INV-KEEP-ALIVE: {model} outlived its keep-alive ({due})"
+                assert self.wake is not None and self.wake <= due, f"INV-KEEP-ALIVE: no wake for {due}"
         self.passed = {rid: n for rid, n in self.passed.items() if rid in self.waiting}
         held: set[int] = set()
         claims = {rid for rid, _, arrived in self.swap_waiters() if self.claims(rid, arrived)}
@@ -253,13 +317,24 @@ class SwapMachine(RuleBasedStateMachine):
             )
 
     # ---------------------------------------------------------------------------------------- rules
-    @rule(model=st.sampled_from(MODELS), count=st.integers(1, 2))
-    def arrive(self, model: str, count: int) -> None:
+    @rule(
+        model=st.sampled_from(MODELS),
+        count=st.integers(1, 3),
+        keep=st.sampled_from((None, None, 0.0, 3.0, math.inf)),
+    )
+    def arrive(self, model: str, count: int, keep: float | None) -> None:
         for _ in range(count):
             rid = self.next_rid
             self.next_rid += 1
             self.waiting[rid] = (model, self.now)
-            self.feed(RequestArrived(rid, model))
+            self.keep[rid] = keep
+            self.feed(RequestArrived(rid, model, keep_alive=keep))
+
+    @rule(model=st.sampled_from(MODELS))
+    def ask(self, model: str) -> None:
+        if not self.live(model):
+            self.asking.add(model)
+        self.feed(LoadRequested(model))
 
     @precondition(lambda self: bool(self.running))
     @rule(data=st.data())
@@ -277,7 +352,7 @@ class SwapMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def leave(self, data: st.DataObject) -> None:
         rid = data.draw(st.sampled_from(sorted(self.waiting)))
-        del self.waiting[rid]
+        self.gone_model = self.waiting.pop(rid)[0]
         self.feed(ClientGone(rid))
 
     @precondition(lambda self: any(r["ready"] is None and not r["killed"] for r in self.replicas.values()))
@@ -299,6 +374,9 @@ class SwapMachine(RuleBasedStateMachine):
 
     def make_exit(self, replica: int) -> None:
         record = self.replicas.pop(replica)
+        if not any(r["model"] == record["model"] for r in self.replicas.values()):
+            self.loaded_at.pop(record["model"], None)  # its residency ended
+            self.keep_alive.pop(record["model"], None)
         for rid in sorted(record["inflight"]):
             self.running.pop(rid, None)
         self.feed(ReplicaExited(replica, "stopped"))
@@ -318,9 +396,11 @@ class SwapMachine(RuleBasedStateMachine):
 
     @rule()
     def settle(self) -> None:
-        """With no more arrivals and a fair environment, every waiting request is served. checks: LIVE-SWAP"""
+        """With no more arrivals and a fair environment, every waiting request is served and every load asked
+        for starts. checks: LIVE-SWAP INV-LOAD-ASKED"""
+        assert self.state is not None
         for _ in range(SETTLE_ROUNDS):
-            if not self.waiting:
+            if not self.waiting and not self.state.wanted:
                 return
             for rid in sorted(self.running):
                 self.end(rid)
@@ -335,6 +415,7 @@ class SwapMachine(RuleBasedStateMachine):
             elif self.waiting and not (self.running or self.replicas_loading_or_stopping()):
                 raise AssertionError(f"LIVE-SWAP: {sorted(self.waiting)} wait and nothing will wake them")
         assert not self.waiting, f"LIVE-SWAP: {sorted(self.waiting)} still wait after {SETTLE_ROUNDS} rounds"
+        assert not self.state.wanted, f"INV-LOAD-ASKED: {self.state.wanted} never loaded"
 
 
 SwapMachine.TestCase.settings = machine_settings(share=2)

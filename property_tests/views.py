@@ -32,6 +32,7 @@ class ReplicaView:
     draining: bool = False
     hung: bool = False  # reported unresponsive: it goes at once, busy or not
     broke: bool = False  # it broke off a reply: it takes no new work (INV-BROKEN)
+    asked: bool = False  # started for no request (Startup, LoadRequested): never abandoned
     inflight: set[int] = attrs.Factory(set)
     memory: list[tuple[int, ...]] = attrs.Factory(list)  # prefix chains of its last dispatches, newest first
 
@@ -222,6 +223,23 @@ class WorldView:
                     return None
                 chosen.append(min(choices, key=lambda m: (self.has_queued(m, also), self.age(m), m)))
         return chosen
+
+    def abandoned(self, left: RequestView) -> set[int]:
+        """The loading replicas that stop when ``left``, which waited, leaves (INV-ABANDON): of the models
+        that may serve its target, those not pinned, with no waiting request and no replica asked for."""
+        pool = self.settings.pools.get(left.target)
+        if pool is None:
+            names = [left.target]
+        else:
+            names = list(pool.members) if pool.fallback else list(pool.members[:1])
+        out: set[int] = set()
+        for name in names:
+            spec = self.settings.models.get(name)
+            replicas = [r for r in self.of_model(name) if not r.killed]
+            if spec is None or spec.pinned or self.has_queued(name) or any(r.asked for r in replicas):
+                continue
+            out |= {r.id for r in replicas if r.loading}
+        return out
 
     def claimed(self, request: RequestView) -> bool:
         return self.now >= request.arrived + self.settings.policy.claim_after

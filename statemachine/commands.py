@@ -11,7 +11,8 @@ import attrs
 class Spawn:
     """Start replica ``replica`` of ``model`` on ``gpus``.
 
-    ``request``: the waiting request whose placement started the load; None for a load at ``Startup``.
+    ``request``: the waiting request whose placement started the load; None for a load at ``Startup`` or one
+    asked for by ``LoadRequested``.
     ``reason`` says the same in words, for logs and /status; no code reads it.
     """
 
@@ -34,6 +35,7 @@ class KillCause(enum.StrEnum):
     UNRESPONSIVE = "unresponsive"  # it stopped answering its health probe
     SHUTDOWN = "shutdown"  # the router is shutting down and it is idle
     DEADLINE = "deadline"  # the shutdown deadline is due and it is still busy
+    ABANDONED = "abandoned"  # still loading, and every request that waited for it has left
 
 
 @attrs.frozen

@@ -38,6 +38,9 @@ class RequestArrived:
     key: str = ""  # the name of its client's key ("": anonymous); fair share is kept per key
     klass: RequestClass = RequestClass.STANDARD  # its priority class (already lowered as it asked)
     outside: frozenset[str] = frozenset()  # members of a pool its key may not use: never its candidates
+    # Its client's keep-alive for the model that serves it (seconds idle before that model is stopped, from
+    # its dispatch on; inf: never): None keeps the model's own ttl.
+    keep_alive: float | None = None
 
 
 @attrs.frozen
@@ -98,6 +101,15 @@ class UnloadRequested:
 
 
 @attrs.frozen
+class LoadRequested:
+    """Load ``model`` ahead of its requests (``POST /models/load``, ``preload``): its missing replicas start
+    as soon as they fit, idle residents evicted for them by the policy; waiting requests are placed first. A
+    load asked for is never abandoned."""
+
+    model: str
+
+
+@attrs.frozen
 class DispatchFailed:
     """The shell could not reach the replica ``rid`` was dispatched to (connection refused): nothing was
     sent, so the request may wait again."""
@@ -154,6 +166,7 @@ Event = (
     | ReplicaUnresponsive
     | ReplicaExited
     | UnloadRequested
+    | LoadRequested
     | DispatchFailed
     | PeerFailed
     | PeerState

@@ -14,14 +14,19 @@ into later ones:
 from __future__ import annotations
 
 import heapq
+import math
 
 from .commands import Eviction, KillCause, RejectCode, Stopped, WakeAt
+from .loads import load_wanted
 from .order import Rank, claim_time
 from .queries import serving_models
+from .room import choose_victims, loadable
 from .settings import ModelSpec
 from .state import LOADING, STOPPING, Request
-from .swaps import Batches, batch_full, hold_until, young
+from .swaps import Batches, batch_full, hold_until
 from .work import Work
+
+INFINITY = math.inf
 
 
 def candidates(
@@ -84,6 +89,7 @@ def schedule(w: Work) -> None:
         nxt = w.best_head(target)
         if nxt is not None:
             heapq.heappush(heap, (nxt[0], target, fair.served, nxt[1]))
+    load_wanted(w, blocked | batches.reserved, protected, wake)
     for rid, code in w.overflow:
         request = w.request(rid)
         if request is not None and request.phase == "queued":
@@ -158,6 +164,7 @@ def _place(
         for _ in range(count):
             w.spawn(to_load, f"request {request.rid} for '{request.target}'", request.rid)
         return
+    batches.reserved.update(gpus)
     if not claiming:
         wake.append(due)
         batches.waits(request, to_load.gpus)
@@ -165,7 +172,7 @@ def _place(
         if claiming:
             blocked |= gpus
         return
-    victims = _victims(w, request, to_load, count, protected, wake)
+    victims = choose_victims(w, request, to_load, count, protected, wake)
     if claiming:
         blocked |= gpus
     if not victims:
@@ -207,72 +214,10 @@ def _to_load(w: Work, names: list[str]) -> tuple[ModelSpec, int] | None:
         live = len(w.live_replicas(name))
         if live >= spec.replicas or (live and name in w.failing):
             continue
-        count = _loadable(w, spec, live)
+        count = loadable(w, spec, live)
         if count:
             return spec, count
     return None
-
-
-def _loadable(w: Work, spec: ModelSpec, live: int) -> int:
-    """How many replicas beyond the ``live`` ones could run beside the pinned residents (up to the total)."""
-    cap = w.policy.max_models_per_gpu
-    best = spec.replicas - live
-    for gpu in spec.gpus:
-        pinned = [
-            r
-            for r in w.replicas.values()
-            if gpu in r.gpus
-            and r.model != spec.name
-            and r.phase != STOPPING
-            and not r.draining
-            and w.is_pinned(r.model)
-        ]
-        if len({r.model for r in pinned}) + 1 > cap:
-            return 0
-        budget = w.settings.budget(gpu)
-        need = spec.need_on(gpu)
-        if budget is None or need == 0:
-            continue
-        room = budget - sum(w.spec_of(r).need_on(gpu) for r in pinned) - need * live
-        best = min(best, max(room // need, 0))
-    return best
-
-
-def _victims(
-    w: Work, request: Request, spec: ModelSpec, missing: int, protected: set[str], wake: list[float]
-) -> list[str] | None:
-    """Models to evict so that ``missing`` replicas of ``spec`` fit for ``request``; None when it cannot be
-    done now (a resident too young to leave sets a wake-up for when it may)."""
-    victims: list[str] = []
-    # Replicas that are stopping, or draining (unload, reload) and so about to stop, count as gone.
-    leaving = {r.model for r in w.replicas.values() if r.phase == STOPPING or r.draining}
-    gone = leaving - {r.model for r in w.replicas.values() if r.phase != STOPPING and not r.draining}
-    for gpu in spec.gpus:
-        while not w.fits(spec, gpu, missing, gone | set(victims), count_stopping=False):
-            choices = {
-                r.model
-                for r in w.replicas.values()
-                if gpu in r.gpus and r.phase != STOPPING and r.model != spec.name
-            } - set(victims)
-            choices = {m for m in choices if not w.is_pinned(m) and m not in protected}
-            if choices:
-                staying = young(w, request, gpu)
-                if not choices - staying.keys():  # it waits: until they may leave, or until it has aged
-                    wake.extend(t for m, t in staying.items() if m in choices and t is not None)
-                    wake.append(request.arrived + w.policy.max_wait[request.klass])
-                choices -= staying.keys()
-            if not choices:
-                return None
-            victims.append(min(choices, key=lambda m: _victim_key(w, m)))
-    return victims
-
-
-def _victim_key(w: Work, model: str) -> tuple[bool, float, str]:
-    if w.policy.eviction == "fifo":
-        age = w.loaded_at[model] if model in w.loaded_at else w.now  # noqa: SIM401 (evolver)
-    else:
-        age = w.last_use(model)
-    return (w.has_queued(model), age, model)
 
 
 def unavailable_reason(w: Work, target: str) -> str:
@@ -349,16 +294,19 @@ def _reap_drained(w: Work) -> None:
 
 
 def _expire_idle(w: Work, wake: list[float]) -> None:
+    keep_alive = w.keep_alive
     for spec in w.settings.models.values():
-        if spec.ttl is None or spec.pinned:
+        ttl = keep_alive[spec.name] if spec.name in keep_alive else spec.ttl  # noqa: SIM401 (evolver)
+        if ttl is None or ttl == INFINITY or spec.pinned:
             continue
         replicas = [r for r in w.replicas_of(spec.name) if r.phase != STOPPING]
         if not replicas or any(r.inflight or r.phase == LOADING for r in replicas) or w.has_queued(spec.name):
             continue
-        due = _idle_since(w, spec.name) + spec.ttl
+        due = _idle_since(w, spec.name) + ttl
         if due <= w.now:
+            why = "ttl" if ttl == spec.ttl else "keep_alive"
             for replica in replicas:
-                w.kill(replica, f"idle for {spec.ttl:g} s (ttl)", KillCause.IDLE_TTL)
+                w.kill(replica, f"idle for {ttl:g} s ({why})", KillCause.IDLE_TTL)
         else:
             wake.append(due)
 

@@ -20,6 +20,7 @@ from .events import (
     DispatchFailed,
     Event,
     LoadFailed,
+    LoadRequested,
     PeerFailed,
     PeerState,
     ReplicaExited,
@@ -33,6 +34,7 @@ from .events import (
     Tick,
     UnloadRequested,
 )
+from .loads import abandon
 from .passes import candidates, fail_waiters, no_peer_answer, schedule
 from .queries import serving_models
 from .recovery import dispatch_failed, peer_failed, peer_state
@@ -97,6 +99,7 @@ def _arrived(w: Work, e: RequestArrived) -> None:
         key=e.key,
         klass=e.klass,
         outside=e.outside,
+        keep_alive=e.keep_alive,
     )
     w.next_seq += 1
     if w.shutting_down:
@@ -152,6 +155,7 @@ def _client_gone(w: Work, e: ClientGone) -> None:
         raise IllegalEvent(f"ClientGone for unknown request {e.rid}")
     if request.phase == QUEUED:
         w.unqueue(request)
+        abandon(w, request)
     else:
         # The shell reports a client gone after it has closed the upstream exchange: the slot is free now.
         w.release(request)
@@ -218,6 +222,7 @@ def _exited(w: Work, e: ReplicaExited) -> None:
 def _unload(w: Work, e: UnloadRequested) -> None:
     if e.model is not None and e.model not in w.settings.models:
         raise IllegalEvent(f"UnloadRequested for unknown model {e.model!r}")
+    w.wanted = [m for m in w.wanted if e.model not in (None, m)]
     for replica in list(w.replicas.values()):
         if replica.phase == STOPPING or (e.model is not None and replica.model != e.model):
             continue
@@ -226,6 +231,15 @@ def _unload(w: Work, e: UnloadRequested) -> None:
             w.kill(replica, reason, KillCause.UNLOADED)
         else:
             w.put(attrs.evolve(replica, draining=True))
+
+
+def _load_requested(w: Work, e: LoadRequested) -> None:
+    spec = w.models.get(e.model)
+    if spec is None:
+        raise IllegalEvent(f"LoadRequested for unknown model {e.model!r}")
+    if spec.remote or spec.refusal is not None or w.shutting_down or e.model in w.wanted:
+        return  # nothing to load here, or asked already
+    w.wanted.append(e.model)
 
 
 def _settings_changed(w: Work, e: SettingsChanged) -> None:
@@ -281,6 +295,7 @@ _RULES: dict[type, Callable[[Work, Any], None]] = {
     ReplicaUnresponsive: _unresponsive,
     ReplicaExited: _exited,
     UnloadRequested: _unload,
+    LoadRequested: _load_requested,
     DispatchFailed: dispatch_failed,
     PeerFailed: peer_failed,
     PeerState: peer_state,

@@ -61,6 +61,8 @@ class Request:
     klass: RequestClass = RequestClass.STANDARD
     # The models its key may not use (members of the pool it asked for, out of the key's scope).
     outside: frozenset[str] = frozenset()
+    # The idle time its client asked for the model that serves it (RequestArrived.keep_alive).
+    keep_alive: float | None = None
 
     @property
     def lane(self) -> tuple[int, str]:
@@ -83,6 +85,7 @@ class Replica:
     phase: ReplicaPhase
     spawned_at: float
     ready_at: float | None = None
+    asked: bool = False  # started by Startup or LoadRequested, not for a request: never abandoned
     inflight: PSet[int] = attrs.field(factory=pset)
     draining: bool = False
     forced: bool = False
@@ -135,6 +138,11 @@ class State:
     # (only requests still waiting are kept), and how long each model's latest load took (spawn to ready).
     overtaken: PMap[int, int] = attrs.field(factory=pmap)
     load_seconds: PMap[str, float] = attrs.field(factory=pmap)
+    # Models asked to load (LoadRequested) whose replicas have not all started yet, in the order asked.
+    wanted: tuple[str, ...] = ()
+    # Model -> the idle time its latest request asked for (RequestArrived.keep_alive), in place of its ttl
+    # until its residency ends.
+    keep_alive: PMap[str, float] = attrs.field(factory=pmap)
     # A cache for step(): replicas by model and each model's (free slot?, live replicas). Trusted only for the
     # very ``replicas`` tuple and ``settings`` it was built for; never part of equality or repr.
     index: ReplicaIndex | None = attrs.field(default=None, eq=False, repr=False)

@@ -37,6 +37,8 @@ class Batches:
         self.w = w
         self.counting = w.policy.swap_batch_max is not None
         self.by_gpu: dict[int, list[tuple[Request, tuple[int, ...]]]] = {}
+        # The GPUs of every request that waits for a load (claiming or not): loads asked for keep off them.
+        self.reserved: set[int] = set()
 
     def waits(self, request: Request, gpus: tuple[int, ...]) -> None:
         """``request`` waits for a swap on ``gpus`` and does not claim them yet."""
@@ -60,10 +62,7 @@ class Batches:
                 seen.add(request.rid)
                 counts[request.rid] = counts.get(request.rid, 0) + 1
                 if counts[request.rid] >= limit:
-                    blocked.update(held)
-        if blocked:
-            for gpu in list(self.by_gpu):
-                self.by_gpu[gpu] = [(r, g) for r, g in self.by_gpu[gpu] if not blocked.intersection(g)]
+                    blocked.update(held)  # no later dispatch reaches these GPUs: it is counted no more
 
 
 def hold_until(w: Work, victims: list[str], spec: ModelSpec) -> float | None:
@@ -88,13 +87,13 @@ def _measured(w: Work, model: str) -> float:
     return w.load_seconds[model] if model in w.load_seconds else 0.0  # noqa: SIM401 (evolver)
 
 
-def young(w: Work, request: Request, gpu: int) -> dict[str, float | None]:
+def young(w: Work, request: Request | None, gpu: int) -> dict[str, float | None]:
     """The residents of ``gpu`` that ``request`` may not evict yet, with when they may leave (None: still
     loading): ready for less than ``min_residency`` seconds, or loading. None are young for a request that
     has waited its class's maximum wait."""
     least = w.policy.min_residency
     out: dict[str, float | None] = {}
-    if least <= 0 or aged(w.policy, request, w.now):
+    if least <= 0 or (request is not None and aged(w.policy, request, w.now)):
         return out
     for replica in w.replicas.values():
         if replica.phase == STOPPING or gpu not in replica.gpus:

@@ -71,6 +71,8 @@ class Work:
         self.queued_by_key = state.queued_by_key.evolver()
         self.overtaken: dict[int, int] = dict(state.overtaken)
         self.load_seconds = state.load_seconds.evolver()
+        self.wanted: list[str] = list(state.wanted)
+        self.keep_alive = state.keep_alive.evolver()
         heads = state.heads
         self.heads = heads if isinstance(heads, HeadIndex) and heads.owner is state else HeadIndex()
         self.overflow: list[tuple[int, RejectCode]] = []  # admitted over a bound: rejected unless they go now
@@ -102,6 +104,8 @@ class Work:
             queued_by_key=self.queued_by_key.persistent(),
             overtaken=self._overtaken(),
             load_seconds=self.load_seconds.persistent(),
+            wanted=tuple(self.wanted),
+            keep_alive=self.keep_alive.persistent(),
             index=ReplicaIndex(replicas, self.settings, self.by_model, self.memo),
             heads=self.heads,
         )
@@ -315,6 +319,8 @@ class Work:
         )
         self.touched(replica.model)
         self.last_used[model] = self.now
+        if request.keep_alive is not None:
+            self.keep_alive[model] = request.keep_alive
         self.cmds.append(Dispatch(request.rid, replica.id, model))
 
     def forward(self, request: Request, peer: str, model: str) -> None:
@@ -350,10 +356,17 @@ class Work:
         self.touched(replica.model)
 
     def spawn(self, model: ModelSpec, reason: str, request: int | None) -> None:
+        """Start a replica of ``model`` for waiting ``request`` (None: asked for, at Startup or by
+        LoadRequested)."""
         rid = self.next_replica
         self.next_replica += 1
         self.replicas[rid] = Replica(
-            id=rid, model=model.name, gpus=model.gpus, phase=LOADING, spawned_at=self.now
+            id=rid,
+            model=model.name,
+            gpus=model.gpus,
+            phase=LOADING,
+            spawned_at=self.now,
+            asked=request is None,
         )
         self.by_model[model.name] = (*self.by_model.get(model.name, ()), rid)
         self.failing.discard(model.name)  # a failing model starts again only once none of it is live
@@ -381,6 +394,8 @@ class Work:
             del self.by_model[replica.model]
             if replica.model in self.loaded_at:
                 self.loaded_at.remove(replica.model)
+            if replica.model in self.keep_alive:
+                self.keep_alive.remove(replica.model)  # a request's keep-alive lasts one residency
 
     # ------------------------------------------------------------ residency
     def fits(self, model: ModelSpec, gpu: int, extra: int, gone: set[str], count_stopping: bool) -> bool:

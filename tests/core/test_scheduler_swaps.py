@@ -232,3 +232,73 @@ def test_a_reload_that_lowers_the_batch_bound_makes_a_waiter_past_it_claim() -> 
     timed, _ = step(state, SettingsChanged(settings(queue_head_grace=60.0)))
     check(timed)
     assert dict(timed.overtaken) == {}
+
+
+def test_a_request_that_passes_on_two_shared_gpus_counts_once() -> None:
+    """b needs GPUs 0 and 1, where a (on both) is loaded: each request for a that goes first counts once,
+    however many GPUs the two share. checks: INV-SWAP-BATCH"""
+    models = [ModelSpec("a", gpus=(0, 1)), ModelSpec("b", gpus=(0, 1))]
+    state = play(
+        Settings(models=models, policy=Policy(queue_head_grace=60.0, swap_batch_max=4)),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1, gpus=(0, 1))]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (RequestArrived(2, "b"), [WakeAt(60.0)]),
+            (RequestArrived(3, "a"), []),
+            (RequestFinished(1), [Dispatch(3, 1, "a")]),
+        ],
+    )
+    assert dict(state.overtaken) == {2: 1}
+
+
+def test_the_batch_bound_holds_within_one_step() -> None:
+    """a (three slots) becomes ready while b waits and three requests for a wait: the first (earlier than b)
+    goes, then one more (swap_batch_max = 1), and the third waits behind b's claim. checks: INV-SWAP-BATCH"""
+    models = [ModelSpec("a", slots=3), ModelSpec("b")]
+    play(
+        Settings(models=models, policy=Policy(queue_head_grace=60.0, swap_batch_max=1)),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (RequestArrived(2, "b"), [WakeAt(60.0)]),
+            (RequestArrived(3, "a"), []),
+            (RequestArrived(4, "a"), []),
+            (ReplicaReady(1), [Dispatch(1, 1, "a"), Dispatch(3, 1, "a")]),
+        ],
+    )
+
+
+def test_the_hold_lasts_until_the_victim_used_last_may_go() -> None:
+    """b needs GPUs 0 and 1, held by a (last used at t = 12) and c (at t = 11): the hold (2 s) ends at 14.
+    checks: INV-SWAP-HOLD"""
+    models = [ModelSpec("a"), ModelSpec("c", gpus=(1,)), ModelSpec("b", gpus=(0, 1))]
+    play(
+        Settings(models=models, policy=Policy(queue_head_grace=60.0, swap_batch_max=4, swap_hold=2.0)),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (RequestArrived(2, "c"), [spawn(2, "c", 2, gpus=(1,))]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (ReplicaReady(2), [Dispatch(2, 2, "c")]),
+            (Tick(11.0), []),
+            (RequestFinished(2), []),
+            (Tick(12.0), []),
+            (RequestFinished(1), []),
+            (RequestArrived(3, "b"), [WakeAt(14.0)]),
+            (Tick(14.0), [evict(1, "a", "b", gpus=(0, 1)), evict(2, "c", "b", gpus=(0, 1)), WakeAt(72.0)]),
+        ],
+    )
+
+
+def test_a_model_younger_than_a_second_stays() -> None:
+    """min_residency = 1: b, ready at t = 10, is not evicted at 10.5. checks: INV-MIN-RESIDENCY"""
+    play(
+        settings(queue_head_grace=0.0, min_residency=1.0),
+        [
+            (RequestArrived(1, "b"), [spawn(1, "b", 1)]),
+            (Tick(10.0), []),
+            (ReplicaReady(1), [Dispatch(1, 1, "b")]),
+            (RequestFinished(1), []),
+            (Tick(10.5), []),
+            (RequestArrived(2, "a"), [WakeAt(11.0)]),
+            (Tick(11.0), [evict(1, "b", "a")]),
+        ],
+    )
