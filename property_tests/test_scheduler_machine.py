@@ -302,8 +302,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         options += [RequestFinished(rid) for rid in w.outstanding(WAITING)]
         options += [RequestArrived(rid, UNKNOWN_TARGET) for rid in w.outstanding(WAITING, RUNNING)]
         options += [DispatchFailed(rid, "x") for rid in [self.next_rid, *w.outstanding(WAITING)]]
-        options += [ReplicaReady(r) for r in w.replicas_where(lambda r: not r.loading)]
-        options += [LoadFailed(r, "x") for r in w.replicas_where(lambda r: not r.loading)]
+        options += [ReplicaReady(r) for r in w.replicas_where(lambda r: r.ready)]
+        options += [LoadFailed(r, "x") for r in w.replicas_where(lambda r: r.ready)]
         options += [ReplicaUnresponsive(r, "x") for r in w.replicas_where(lambda r: r.loading)]
         event = data.draw(st.sampled_from(options))
         before = repr(self.state)

@@ -26,9 +26,12 @@ def load_wanted(w: Work, reserved: set[int], protected: set[str], wake: list[flo
     requests that wait for a load."""
     for name in list(w.wanted):
         spec = w.models.get(name)
-        live = 0 if spec is None else len(w.live_replicas(name))
-        if spec is None or live >= spec.replicas or (live and name in w.failing):
-            w.wanted.remove(name)  # removed by a reload, started already, or settling after a failure
+        if spec is None:
+            w.wanted.remove(name)  # a reload removed it
+            continue
+        live = len(w.live_replicas(name))
+        if live >= spec.replicas or (live and name in w.failing):
+            w.wanted.remove(name)  # started already, or settling after a failure
             continue
         count = loadable(w, spec, live)
         if not count:
@@ -55,7 +58,6 @@ def load_wanted(w: Work, reserved: set[int], protected: set[str], wake: list[flo
                     KillCause.EVICTED,
                     eviction,
                 )
-        protected.add(name)
 
 
 def abandon(w: Work, request: Request) -> None:

@@ -38,7 +38,7 @@ from .loads import abandon
 from .passes import candidates, fail_waiters, no_peer_answer, schedule
 from .queries import serving_models
 from .recovery import dispatch_failed, peer_failed, peer_state
-from .state import INFLIGHT, LOADING, QUEUED, READY, STOPPING, Request, State
+from .state import INFLIGHT, LOADING, QUEUED, READY, STOPPING, Replica, Request, State
 from .work import Work
 
 
@@ -171,8 +171,15 @@ def _finished(w: Work, e: RequestFinished) -> None:
         w.put(attrs.evolve(replica, draining=True))  # it broke a reply: no new work; stopped once idle
 
 
+def _killed_loading(replica: Replica | None) -> bool:
+    """Stopped before it was ever ready (evicted, abandoned, unloaded): a report of its load came late."""
+    return replica is not None and replica.phase == STOPPING and replica.ready_at is None
+
+
 def _ready(w: Work, e: ReplicaReady) -> None:
     replica = w.replicas.get(e.replica)
+    if _killed_loading(replica):
+        return
     if replica is None or replica.phase != LOADING:
         raise IllegalEvent(f"ReplicaReady for replica {e.replica}, which is not loading")
     w.put(attrs.evolve(replica, phase=READY, ready_at=w.now))
@@ -182,6 +189,8 @@ def _ready(w: Work, e: ReplicaReady) -> None:
 
 def _load_failed(w: Work, e: LoadFailed) -> None:
     replica = w.replicas.get(e.replica)
+    if _killed_loading(replica):
+        return
     if replica is None or replica.phase != LOADING:
         raise IllegalEvent(f"LoadFailed for replica {e.replica}, which is not loading")
     w.put(attrs.evolve(replica, phase=STOPPING))

@@ -73,7 +73,8 @@ KEY_KEYS: tuple[KeySpec, ...] = (
         "admin",
         BOOLEAN,
         False,
-        "Allows the admin actions, `POST /reload` and `POST /unload`; any other named key gets 403 "
+        "Allows the admin actions, `POST /reload`, `POST /unload`, `POST /models/load` and "
+        "`POST /models/unload`; any other named key gets 403 "
         "`permission_denied` there. Keys of `router.api_keys` always may.",
     ),
     KeySpec(

@@ -241,6 +241,7 @@ def config_from_dict(
         peers=peers,
         keys=keys,
     )
+    config = _evolve_router(config, preload=_preload(doc, config))
     if router.default_pool is not None:
         canonical = resolve_name(config, router.default_pool)
         if canonical not in pools:
@@ -251,6 +252,20 @@ def config_from_dict(
             )
         config = _evolve_router(config, default_pool=canonical)
     return config
+
+
+def _preload(doc: Doc, config: Config) -> tuple[str, ...]:
+    """``router.preload`` with aliases resolved; each must name a model served here."""
+    out = []
+    for name in config.router.preload:
+        canonical = resolve_name(config, name)
+        if canonical not in config.models:
+            known = ", ".join(config.models)
+            raise doc.invalid(
+                "router.preload", name, f"must name a model or model alias here; models: {known}"
+            )
+        out.append(canonical)
+    return tuple(out)
 
 
 def config_dir(config: Config) -> Path:

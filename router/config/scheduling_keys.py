@@ -5,9 +5,37 @@ Part of ``ROUTER_KEYS`` (router.config.schema), in this order.
 
 from __future__ import annotations
 
-from router.config.keyspec import INTEGER, NUMBER, KeySpec
+from router.config.keyspec import INTEGER, NUMBER, STRING_LIST, KeySpec
 
 SCHEDULING_KEYS: tuple[KeySpec, ...] = (
+    KeySpec(
+        "preload",
+        STRING_LIST,
+        (),
+        "Models (or aliases) to load when the router starts, in this order, as `POST /models/load` does: "
+        "unlike `pinned` they may be evicted like any other model. A model that does not fit beside the "
+        "earlier ones replaces them once they are loaded.",
+        default_text="[]",
+    ),
+    KeySpec(
+        "ttl",
+        NUMBER,
+        None,
+        "Seconds an idle model stays loaded, for every model that sets no `ttl` of its own (pinned models "
+        "and fallback pool members stay). A request's `keep_alive` replaces it for its model.",
+        0,
+        exclusive_minimum=True,
+        default_text="never",
+    ),
+    KeySpec(
+        "max_keep_alive",
+        NUMBER,
+        None,
+        "The longest `keep_alive` a request may ask for, in seconds; a longer one (or -1, keep for ever) "
+        "is cut to this.",
+        0,
+        default_text="no bound",
+    ),
     KeySpec(
         "swap_batch_max",
         INTEGER,

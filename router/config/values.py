@@ -200,6 +200,9 @@ class RouterSettings:
     llama_server: str | None = None
     max_models_per_gpu: int = _router_default("max_models_per_gpu")
     eviction: str = _router_default("eviction")
+    preload: tuple[str, ...] = attrs.field(default=_router_default("preload"), converter=_tuple)
+    ttl: float | None = _router_default("ttl")
+    max_keep_alive: float | None = _router_default("max_keep_alive")
     swap_batch_max: int = _router_default("swap_batch_max")
     swap_batch_window: float = _router_default("swap_batch_window")
     swap_hold: float | None = _router_default("swap_hold")

@@ -148,7 +148,7 @@ def scheduler_settings(
                 ctx_per_slot=decision.ctx // max(1, model.parallel),
                 need=exclusive_need(decision.need, devices, budgets),
                 pinned=model.pinned or pooled,
-                ttl=model.ttl,
+                ttl=model.ttl if model.ttl is not None or model.pinned or pooled else config.router.ttl,
                 load_on_startup=model.load_on_startup or pooled,
                 refusal=decision.refusal,
             )

@@ -15,6 +15,7 @@ from router.http.admission import check_client, check_head, current_client, unad
 from router.http.browser_guard import Refusal, preflight_headers, register_cors
 from router.http.errors import QUART_CODES, HttpCode, error_response, internal_error, unknown_model
 from router.http.forward import FORWARDED
+from router.http.model_actions import register_model_actions
 from router.http.proxy import SAFE_SEGMENT, Proxy, upstream_headers
 from router.http.reply import to_quart
 from router.http.request_body import (
@@ -56,6 +57,7 @@ def create_app(config: Config, admin: Admin, proxy: Proxy) -> QuartTrio:
     _register_errors(app, config)
     _register_documents(app, admin)
     _register_admin(app, admin)
+    register_model_actions(app, admin)
     _register_upstream(app, admin, proxy)
     return app
 

@@ -14,8 +14,9 @@ before anything else sees them (API keys, replicas, admin actions):
 - CORS: for a listed origin the router answers preflights itself and adds
   ``Access-Control-Allow-Origin: <origin>`` to its responses; every response gets ``Vary: Origin`` once
   ``cors_origins`` is set. Replicas' own CORS headers never reach the client (:func:`drop_cors`).
-- Admin actions (``/unload``, ``/reload``) take only POST with ``Content-Type: application/json`` (405,
-  415 otherwise), which a page on another origin cannot send without a preflight.
+- Admin actions (``ADMIN_PATHS``: ``/unload``, ``/reload``, ``/models/load``, ``/models/unload``) take only
+  POST with ``Content-Type: application/json`` (405, 415 otherwise), which a page on another origin cannot
+  send without a preflight.
 
 ``/health`` is exempt (probes). The scheme is not compared for the router's own origin: behind a TLS
 proxy the page is https while the router sees http, and only the router itself serves on its host and port.
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from quart_trio import QuartTrio
 
 OPEN_PATHS = ("/health",)
-ADMIN_PATHS = ("/unload", "/reload")
+ADMIN_PATHS = ("/unload", "/reload", "/models/load", "/models/unload")
 # Headers a page may send cross-origin, besides the CORS-safelisted ones; preflights may ask for more.
 ALLOW_HEADERS = (
     "Authorization",

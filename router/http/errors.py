@@ -38,6 +38,7 @@ class HttpCode(enum.StrEnum):
     INVALID_FILTER = "invalid_filter"  # a history or timeline query
     INVALID_CONFIG = "invalid_config"  # a reload's new config
     INVALID_CLASS = "invalid_class"  # x-router-class or service_tier names no class
+    INVALID_KEEP_ALIVE = "invalid_keep_alive"  # keep_alive is neither seconds nor a duration
     MODEL_REQUIRED = "model_required"
     POOL_NOT_ALLOWED = "pool_not_allowed"  # a pool where a single model is needed
     BAD_REQUEST = "bad_request"  # quart's own 400
@@ -101,6 +102,7 @@ ANSWERS: Mapping[ErrorCode, Answer] = {
     HttpCode.INVALID_FILTER: Answer(400, _CLIENT),
     HttpCode.INVALID_CONFIG: Answer(400, _CLIENT),
     HttpCode.INVALID_CLASS: Answer(400, _CLIENT),
+    HttpCode.INVALID_KEEP_ALIVE: Answer(400, _CLIENT),
     HttpCode.MODEL_REQUIRED: Answer(400, _CLIENT),
     HttpCode.POOL_NOT_ALLOWED: Answer(400, _CLIENT),
     HttpCode.BAD_REQUEST: Answer(400, _CLIENT),

@@ -24,6 +24,7 @@ from router.http.access import Client
 from router.http.admission import HeadCheck, check_client, check_head, resolve_target
 from router.http.browser_guard import Refusal, cors_reply_headers
 from router.http.errors import HttpCode
+from router.http.keep_alive import keep_alive_of
 from router.http.prefix_key import request_chain
 from router.http.proxy import Proxy, upstream_headers
 from router.http.reply import Reply, error_reply, internal_error_reply, send_reply
@@ -206,6 +207,7 @@ class Forwarder:
         try:
             body = parse_object(raw)
             check_fields(body)
+            keep_alive = keep_alive_of(body, self.desk.config.router.max_keep_alive)
         except BodyError as exc:
             return error_reply(exc.code, str(exc)), False
         target, problem = self._resolve(body.get("model"), path)
@@ -232,6 +234,7 @@ class Forwarder:
             key=who.name,
             klass=klass,
             outside=self._outside(who, target),
+            keep_alive=keep_alive,
         )
         reply = await self.proxy.respond(
             ticket,

@@ -44,6 +44,7 @@ STOP_LABELS: dict[KillCause, str] = {
     KillCause.UNRESPONSIVE: "other",
     KillCause.SHUTDOWN: "shutdown",
     KillCause.DEADLINE: "shutdown",
+    KillCause.ABANDONED: "abandoned",
 }
 """The ``reason`` label of ``llama_router_replica_stops`` for each cause: a short, bounded set."""
 

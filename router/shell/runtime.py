@@ -54,6 +54,7 @@ from statemachine import (
     IllegalEvent,
     Kill,
     LoadFailed,
+    LoadRequested,
     PeerFailed,
     Reject,
     ReplicaExited,
@@ -163,6 +164,8 @@ class Router:
                 nursery.start_soon(self._timer)
                 nursery.start_soon(self.peers.run)
                 self.submit(Startup())
+                for model in self.config.router.preload:
+                    self.submit(LoadRequested(model))
                 task_status.started()
                 await self.stopped.wait()
                 nursery.cancel_scope.cancel()
@@ -203,11 +206,13 @@ class Router:
         key: str = "",
         klass: RequestClass = RequestClass.STANDARD,
         outside: frozenset[str] = frozenset(),
+        keep_alive: float | None = None,
     ) -> Ticket:
         """A new request for ``target``; ``prefix`` is its prefix chain (router.http.prefix_key), which only
         steers which free replica serves it; ``local_only``: it came through another router (hop header), so
         no peer may serve it; ``key`` and ``klass``: its client's key name and its priority class;
-        ``outside``: the pool members its key may not use."""
+        ``outside``: the pool members its key may not use; ``keep_alive``: the idle time it asks for the model
+        that serves it."""
         rid = self._next_rid
         self._next_rid += 1
         ticket = Ticket(
@@ -225,6 +230,7 @@ class Router:
             key=key,
             klass=klass,
             outside=outside,
+            keep_alive=keep_alive,
         )
         self.tickets[rid] = ticket
         ticket.arrive()
@@ -456,6 +462,9 @@ class Router:
 
     def unload(self, model: str | None, force: bool) -> None:
         self.submit(UnloadRequested(model, force))
+
+    def load(self, model: str) -> None:
+        self.submit(LoadRequested(model))
 
     def quota_headers(self, key: str) -> dict[str, str]:
         """The ``x-ratelimit-*`` headers for an answer to the key named ``key`` (none without limits)."""

@@ -101,6 +101,7 @@ class Ticket:
     key: str = ""  # the name of its client's key ("": anonymous or a plain api_keys key)
     klass: RequestClass = RequestClass.STANDARD  # its priority class, as the scheduler was told
     outside: frozenset[str] = frozenset()  # pool members its key may not use, as the scheduler was told
+    keep_alive: float | None = None  # the idle time it asks for its model, as the scheduler was told
     refusals: int = 0  # connections its replicas refused so far
 
     @property
@@ -141,6 +142,7 @@ class Ticket:
                 self.key,
                 self.klass,
                 self.outside,
+                self.keep_alive,
             )
         )
 

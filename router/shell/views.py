@@ -132,6 +132,7 @@ class Desk(RouterView):
         key: str = "",
         klass: RequestClass = RequestClass.STANDARD,
         outside: frozenset[str] = frozenset(),
+        keep_alive: float | None = None,
     ) -> Ticket:
         """A new request for ``target``: its ticket, which owns the request's life from here."""
         return self._router.admit(
@@ -146,6 +147,7 @@ class Desk(RouterView):
             key=key,
             klass=klass,
             outside=outside,
+            keep_alive=keep_alive,
         )
 
     def publish(self, record: RequestRecord) -> None:
@@ -168,6 +170,9 @@ class Admin(Desk):
 
     def unload(self, model: str | None, force: bool) -> None:
         self._router.unload(model, force)
+
+    def load(self, model: str) -> None:
+        self._router.load(model)
 
     async def wait_until(self, predicate: Callable[[State], bool]) -> None:
         await self._router.wait_until(predicate)

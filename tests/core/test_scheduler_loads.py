@@ -236,3 +236,76 @@ def test_keep_alive_zero_stops_when_idle_and_infinity_never() -> None:
             (Tick(1000.0), []),
         ],
     )
+
+
+def test_a_late_report_of_a_load_that_was_stopped_changes_nothing() -> None:
+    """The load is abandoned while its readiness (or its failure) is on its way: the report is dropped.
+    checks: INV-ABANDON"""
+    from statemachine import LoadFailed
+
+    play(
+        two(),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (ClientGone(1), [abandoned(1, "a")]),
+            (ReplicaReady(1), []),
+            (LoadFailed(1, "no /health"), []),
+            (ReplicaExited(1, "stopped"), []),
+        ],
+    )
+
+
+def test_a_load_asked_for_keeps_off_the_gpus_a_waiting_request_needs() -> None:
+    """b waits for its swap while a is held for its client: c, asked for on the same GPU, takes nothing (it
+    would evict the idle a ahead of b). checks: INV-LOAD-ASKED"""
+    settings = Settings(
+        models=[ModelSpec("a"), ModelSpec("b"), ModelSpec("c")],
+        policy=Policy(queue_head_grace=60.0, swap_batch_max=4, swap_hold=30.0),
+    )
+    state = play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (RequestFinished(1), []),
+            (RequestArrived(2, "b"), [WakeAt(30.0)]),  # a is held until 30
+            (LoadRequested("c"), []),
+        ],
+    )
+    assert state.wanted == ("c",)
+
+
+def test_a_failing_model_asked_for_starts_nothing_more() -> None:
+    """Two replicas of a load; one fails: a load asked for starts no third while the other settles.
+    checks: INV-LOAD-ASKED"""
+    from statemachine import LoadFailed
+
+    settings = Settings(models=[ModelSpec("a", replicas=2, gpus=(0,))], policy=Policy(max_models_per_gpu=1))
+    state = play(
+        settings,
+        [
+            (LoadRequested("a"), [asked(1, "a"), asked(2, "a")]),
+            (
+                LoadFailed(1, "no /health"),
+                [Kill(1, "a", "load failed: no /health", KillCause.LOAD_FAILED)],
+            ),
+            (LoadRequested("a"), []),
+        ],
+    )
+    assert state.wanted == ()
+
+
+def test_a_model_a_reload_removed_is_no_longer_wanted() -> None:
+    """checks: INV-LOAD-ASKED"""
+    from statemachine import SettingsChanged
+
+    state = play(
+        two(),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (LoadRequested("b"), []),
+            (SettingsChanged(Settings(models=[ModelSpec("a")])), []),
+        ],
+    )
+    assert state.wanted == ()

@@ -16,7 +16,7 @@ from tests.support.fake_supervisor import ask, dispatched, owned_router, settle
 MODELS = {"a": {}}
 
 
-async def test_a_client_that_leaves_while_its_replica_loads_is_forgotten(
+async def test_a_client_that_leaves_while_its_replica_loads_is_forgotten_and_stops_the_load(
     tmp_path: Path, launcher: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with owned_router(tmp_path, MODELS, launcher=launcher) as owned:
@@ -27,13 +27,17 @@ async def test_a_client_that_leaves_while_its_replica_loads_is_forgotten(
         ticket.end(completed=False)
         await settle()
         assert not router.state.requests and not router.tickets
-        sup.ready(1)  # the load goes on; the replica is ready for the next request, not this one
-        await settle()
+        assert [k.replica for k in sup.kills] == [1]  # nothing else needs the load: it stops
         assert ticket.dispatch is None and not ticket.decided.is_set()
-        assert [r.phase for r in router.state.replicas] == ["ready"]
+        assert [r.phase for r in router.state.replicas] == ["stopping"]
+        sup.exit(1)
+        await settle()
         later = ask(router, "a")
+        await settle()
+        assert len(sup.spawns) == 2
+        sup.ready(2)
         await later.decided.wait()
-        assert later.dispatch is not None and later.dispatch.replica == 1
+        assert later.dispatch is not None and later.dispatch.replica == 2
 
 
 async def test_a_replica_ready_as_its_client_leaves_sends_it_nothing_and_frees_the_slot(

@@ -95,7 +95,7 @@ async def test_a_key_reaches_only_its_models_and_lists_only_them(tmp_path: Path)
 
 async def test_only_admin_keys_and_plain_keys_may_unload_and_reload(tmp_path: Path) -> None:
     async with keyed_router(tmp_path) as h:
-        for path in ("/unload", "/reload"):
+        for path in ("/unload", "/reload", "/models/load", "/models/unload"):
             error = assert_openai_error(await h.client.post(path, json={}, headers=as_key(BOB)), 403)
             assert error["code"] == "permission_denied" and "admin = true" in error["message"], error
         assert (await chat(h, ALICE, "coder-7b")).status_code == 200

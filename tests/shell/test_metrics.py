@@ -318,6 +318,7 @@ def test_stop_causes_get_short_labels() -> None:
     assert stop_label(KillCause.SHUTDOWN) == "shutdown"
     assert stop_label(KillCause.DEADLINE) == "shutdown"
     assert stop_label(KillCause.LOAD_FAILED) == "load_failed"
+    assert stop_label(KillCause.ABANDONED) == "abandoned"
     assert stop_label(KillCause.RELOAD) == "other"
     assert stop_label(KillCause.UNRESPONSIVE) == "other"
     assert stop_label(None) == "other"

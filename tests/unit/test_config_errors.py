@@ -124,7 +124,7 @@ def test_bad_values_name_file_key_value_and_rule(
     ("table", "key", "allowed_sample"),
     [
         ("router", "prot", "port"),
-        ("router", "ttl", "history_db"),
+        ("router", "pinned", "history_db"),
         ("pools.chat", "member", "members"),
         ("devices.0", "memory", "memory_mib"),
         ("models.qwen.pricing", "input_cached", "cached_input"),
@@ -469,3 +469,21 @@ def test_names_and_aliases_must_be_printable_without_spaces() -> None:
         f'config error in {FILE}: pools.chat.aliases[1] = "a\\tb" is invalid: an alias must be 1 to 200 '
         "printable characters without spaces"
     )
+
+
+def test_preload_names_models_only() -> None:
+    err = error_of(setter("router.preload", ["qwen", "nope"]))
+    assert err.key == "router.preload"
+    assert 'router.preload = "nope" is invalid: must name a model or model alias here; models:' in str(err)
+
+
+def test_queue_head_grace_and_swap_batching_are_exclusive() -> None:
+    def both(data: dict[str, Any]) -> None:
+        data["router"]["queue_head_grace"] = 0
+        data["router"]["swap_hold"] = 1
+
+    err = error_of(both)
+    assert err.key == "router.queue_head_grace"
+    assert "router.queue_head_grace = 0 and router.swap_hold are both set" in str(err)
+    assert "Remove queue_head_grace to batch swaps, or remove swap_hold" in str(err)
+    assert build(setter("router.queue_head_grace", 0)).router.queue_head_grace == 0
