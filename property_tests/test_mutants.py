@@ -45,6 +45,7 @@ class ReplicaChoiceMachine(AffinityMachine):
 # settings make it common.
 FOCUSED: dict[str, type[SchedulerMachine]] = {
     "a request behind an earlier claim still evicts": ClaimMachine,
+    "victims from other GPUs": ClaimMachine,
     "affinity ignores the guard": ReplicaChoiceMachine,
     "the first matching replica wins": ReplicaChoiceMachine,
 }
@@ -114,7 +115,7 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         ("INV-WAKE-EARLIEST",),
     ),
     "victims from other GPUs": (
-        "passes",
+        "room",
         "                if gpu in r.gpus and r.phase != STOPPING and r.model != spec.name",
         "                if r.phase != STOPPING and r.model != spec.name",
         ("INV-VICTIM", "INV-EVICT-NEED"),
@@ -127,8 +128,8 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     "busy victims evicted before the claim": (
         "passes",
-        "    if claiming or not busy:",
-        "    if True:",
+        "    elif claiming or not busy:",
+        "    elif True:",
         ("INV-EVICT-NEED", "INV-VICTIM"),
     ),
     "has_queued ignores the model's own queue": (
@@ -144,7 +145,7 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         ("INV-LOAD-FITS", "INV-EVICT-NEED"),
     ),
     "loadable flips a sign": (
-        "passes",
+        "room",
         "- need * live",
         "+ need * live",
         ("INV-WAKE-EARLIEST", "INV-UNSERVABLE", "INV-LOAD-FITS"),

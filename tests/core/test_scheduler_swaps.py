@@ -302,3 +302,37 @@ def test_a_model_younger_than_a_second_stays() -> None:
             (Tick(11.0), [evict(1, "b", "a")]),
         ],
     )
+
+
+def test_a_replica_stopped_while_loading_does_not_make_its_model_young() -> None:
+    """a's first replica failed its load and is stopping; its second has been ready long enough: a may be
+    evicted for b. checks: INV-MIN-RESIDENCY"""
+    from statemachine import Kill, KillCause, LoadFailed
+
+    play(
+        Settings(
+            models=[ModelSpec("a", replicas=2), ModelSpec("b")],
+            policy=Policy(queue_head_grace=0.0, min_residency=1.0),
+        ),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1), spawn(2, "a", 1)]),
+            (LoadFailed(1, "no /health"), [Kill(1, "a", "load failed: no /health", KillCause.LOAD_FAILED)]),
+            (ReplicaReady(2), [Dispatch(1, 2, "a")]),
+            (RequestFinished(1), []),
+            (Tick(5.0), []),
+            (RequestArrived(2, "b"), [evict(2, "a", "b")]),
+        ],
+    )
+
+
+def test_a_batch_bound_of_zero_claims_at_once() -> None:
+    """swap_batch_max = 0 lets no request pass: strict order, whatever the grace. checks: INV-SWAP-BATCH"""
+    play(
+        settings(queue_head_grace=60.0, swap_batch_max=0),
+        [
+            *a_busy(),
+            (RequestArrived(2, "b"), []),
+            (RequestArrived(3, "a"), []),
+            (RequestFinished(1), [evict(1, "a", "b")]),
+        ],
+    )
