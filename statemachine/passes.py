@@ -26,8 +26,6 @@ from .state import LOADING, STOPPING, Request
 from .swaps import Batches, batch_full, hold_until
 from .work import Work
 
-INFINITY = math.inf
-
 
 def candidates(
     w: Work,
@@ -89,7 +87,7 @@ def schedule(w: Work) -> None:
         nxt = w.best_head(target)
         if nxt is not None:
             heapq.heappush(heap, (nxt[0], target, fair.served, nxt[1]))
-    load_wanted(w, blocked | batches.reserved, protected, wake)
+    load_wanted(w, batches.reserved, protected, wake)  # (every GPU held by a claim is reserved too)
     for rid, code in w.overflow:
         request = w.request(rid)
         if request is not None and request.phase == "queued":
@@ -297,7 +295,7 @@ def _expire_idle(w: Work, wake: list[float]) -> None:
     keep_alive = w.keep_alive
     for spec in w.settings.models.values():
         ttl = keep_alive[spec.name] if spec.name in keep_alive else spec.ttl  # noqa: SIM401 (evolver)
-        if ttl is None or ttl == INFINITY or spec.pinned:
+        if ttl is None or ttl == math.inf or spec.pinned:
             continue
         replicas = [r for r in w.replicas_of(spec.name) if r.phase != STOPPING]
         if not replicas or any(r.inflight or r.phase == LOADING for r in replicas) or w.has_queued(spec.name):

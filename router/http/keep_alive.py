@@ -18,9 +18,11 @@ from router.http.errors import HttpCode
 from router.http.request_body import BodyError
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
-_DURATION = re.compile(r"(?:(?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h))+")
-_NUMBER = re.compile(r"\d+(?:\.\d*)?|\.\d+")
+_AMOUNT = r"\d+(?:\.\d*)?|\.\d+"
+_UNIT = "|".join(_UNITS)
+_NUMBER = re.compile(_AMOUNT)
+_PART = re.compile(rf"({_AMOUNT})({_UNIT})")
+_DURATION = re.compile(rf"(?:(?:{_AMOUNT})(?:{_UNIT}))+")
 FORMS = 'a number of seconds or a duration such as "10m", "1h30m" or "90s" (0: unload when idle; -1: keep)'
 
 
