@@ -32,8 +32,14 @@ from router.shell.ticket import Ticket
 from router.shell.views import RouterView
 from statemachine import Dispatch, RejectCode
 
+# A stream whose request is not decided within KEEPALIVE_AFTER seconds (or, as soon as a load it waits for is
+# under way, checked every LOAD_CHECK seconds) starts with SSE comments, one every KEEPALIVE_EVERY seconds.
 KEEPALIVE_AFTER = 1.0
-KEEPALIVE_EVERY = 2.0
+LOAD_CHECK = 0.25
+KEEPALIVE_EVERY = 0.8
+# The endpoints whose streams are Anthropic's: their clients also get the protocol's ping events.
+_PING_ENDPOINTS = frozenset({"/v1/messages", "/messages"})
+_PING = b'event: ping\ndata: {"type": "ping"}\n\n'
 
 # Headers that belong to one connection, or carry the router's own credentials: never forwarded.
 HOP_BY_HOP = frozenset(
@@ -169,9 +175,10 @@ class Proxy:
         The ticket is ended here when the answer is whole, else by the relay of its body."""
         ticket.observed.stream = stream
         try:
-            if not ticket.decided.is_set():
-                with trio.move_on_after(KEEPALIVE_AFTER if stream else float("inf")):
-                    await ticket.decided.wait()
+            if stream:
+                await self._decided_or_waiting(ticket)
+            else:
+                await ticket.decided.wait()
             if not ticket.decided.is_set():
                 gen = self._wait_then_relay(ticket, method, path, query, body, headers)
                 return Reply(200, {"content-type": "text/event-stream"}, gen)
@@ -326,12 +333,29 @@ class Proxy:
             with trio.CancelScope(shield=True):
                 await relay.aclose()
 
+    async def _decided_or_waiting(self, ticket: Ticket) -> None:
+        """Return once ``ticket`` is decided, or KEEPALIVE_AFTER seconds have passed, or a load it waits for
+        is under way (its stream then starts with the load's progress). A request relayed by another router
+        waits the whole KEEPALIVE_AFTER: that router may still send it elsewhere until its first byte."""
+        deadline = trio.current_time() + KEEPALIVE_AFTER
+        while not ticket.decided.is_set() and trio.current_time() < deadline:
+            with trio.move_on_after(min(LOAD_CHECK, deadline - trio.current_time())):
+                await ticket.decided.wait()
+            if not ticket.local_only and self.view.awaited_load(ticket.rid) is not None:
+                return
+
     def _keepalive(self, ticket: Ticket) -> bytes:
-        position, loading = self.view.queue_position(ticket.rid)
-        waited = time.monotonic() - ticket.queued_at
-        text = f": waiting for '{ticket.target}' ({waited:.0f} s)"
+        """An SSE comment on the wait: the load it waits for with its progress, the time waited and the
+        position in the queue; an Anthropic stream's also carries a ping event."""
+        waited = f"waiting for '{ticket.target}' {time.monotonic() - ticket.queued_at:.0f} s"
+        position = self.view.queue_position(ticket.rid)
         if position is not None:
-            text += f", queue position {position}"
-        if loading:
-            text += f", loading {loading}"
-        return text.encode() + b"\n\n"
+            waited += f", queue position {position}"
+        load = self.view.awaited_load(ticket.rid)
+        if load is None:
+            text = f": {waited}"
+        else:
+            model, progress = load
+            text = f": loading {model} {progress.percent}% {progress.seconds:.0f} s ({waited})"
+        comment = text.replace("\n", " ").encode() + b"\n\n"
+        return comment + _PING if ticket.endpoint in _PING_ENDPOINTS else comment

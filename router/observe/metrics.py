@@ -291,8 +291,16 @@ class _StateCollector(Collector):
         slots = GaugeMetricFamily(
             "llama_router_slots", "Slots of the model's ready replicas.", labels=["model"]
         )
+        progress = GaugeMetricFamily(
+            "llama_router_replica_load_progress",
+            "How far each loading replica has come with its load (0 to 1), from what its process has read.",
+            labels=["model", "replica"],
+        )
         for name, spec in sorted(state.settings.models.items()):
             mine = [r for r in state.replicas if r.model == name]
+            for r in mine:
+                if (load := self.metrics.view.load_progress(r.id)) is not None:
+                    progress.add_metric([name, str(r.id)], load.fraction)
             for kind in REPLICA_STATES:
                 replicas.add_metric([name, kind], sum(1 for r in mine if replica_state(r) == kind))
             in_use.add_metric([name], sum(len(r.inflight) for r in mine))
@@ -300,6 +308,7 @@ class _StateCollector(Collector):
         yield replicas
         yield in_use
         yield slots
+        yield progress
 
     def _peers(self) -> Iterator[Metric]:
         view = self.metrics.view

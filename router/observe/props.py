@@ -1,10 +1,11 @@
 """The document of GET /props: what the router serves and how much it can take, at a glance.
 
 Every configured model with its capacity (slots per replica, replicas, the requests in flight on them and
-those waiting for it by name), every pool with its members in priority order, the members that may serve
-it (all with ``fallback``, else the first) and the requests sent to it by name that are in flight or
-waiting, and the totals with the limits that bound waiting. The figures are the ones /status shows
-(:func:`router.observe.status.capacity_entry`); /status adds the queue, GPUs, replicas and recent events.
+those waiting for it by name, and how far its loading replicas have come), every pool with its members in
+priority order, the members that may serve it (all with ``fallback``, else the first) and the requests sent
+to it by name that are in flight or waiting, and the totals with the limits that bound waiting. The figures
+are the ones /status shows (:func:`router.observe.status.capacity_entry`); /status adds the queue, GPUs,
+replicas and recent events.
 """
 
 from __future__ import annotations
@@ -15,6 +16,16 @@ from router.config.load import Config
 from router.observe.status import capacity_entry, waiting_for
 from router.shell.views import RouterView
 from statemachine import RequestPhase, queries, serving_models
+
+
+def loads_of(view: RouterView, model: str) -> list[dict[str, Any]]:
+    """How far each loading replica of ``model`` has come."""
+    loads = []
+    for replica in queries.replicas_of(view.state, model):
+        progress = view.load_progress(replica.id)
+        if progress is not None:
+            loads.append({"replica": replica.id, **progress.document()})
+    return loads
 
 
 def props_document(config: Config, view: RouterView) -> dict[str, Any]:
@@ -29,6 +40,7 @@ def props_document(config: Config, view: RouterView) -> dict[str, Any]:
                 "aliases": list(config.models[name].aliases),
                 **{k: v for k, v in entry.items() if k != "model"},
                 "waiting": waiting_for(state, name),
+                "loading": loads_of(view, name),
             }
         )
     sent = [r for r in state.requests.values() if r.phase == RequestPhase.INFLIGHT]

@@ -225,6 +225,7 @@ def status_document(config: Config, view: RouterView) -> dict[str, Any]:
     replicas = []
     for r in state.replicas:
         info = view.replica_info(r.id)
+        progress = view.load_progress(r.id)
         replicas.append(
             {
                 "id": r.id,
@@ -232,6 +233,7 @@ def status_document(config: Config, view: RouterView) -> dict[str, Any]:
                 "gpus": list(local_gpus(r.gpus)),
                 "rpc_devices": list(config.models[r.model].rpc) if r.model in config.models else [],
                 "state": replica_state(r),
+                "load": progress.document() if progress is not None else None,
                 "in_flight": len(r.inflight),
                 "slots": state.settings.models[r.model].slots,
                 "port": view.ports.get(r.id) or (info.port if info else None),

@@ -30,6 +30,7 @@ from router.shell.happenings import HappeningKind, Happenings, Listener
 from router.shell.kv_policy import kv_launch, saves_before_stop
 from router.shell.kv_slots import KvAction, describe_kv
 from router.shell.kv_store import KvStore
+from router.shell.load_progress import LoadProgressTracker
 from router.shell.peers import PeerDirectory
 from router.shell.ports import free_port
 from router.shell.processes import (
@@ -73,9 +74,7 @@ from statemachine import (
     UnloadRequested,
     WakeAt,
     initial_state,
-    loading_for,
     queries,
-    queue_position,
     ready_replicas,
     step,
 )
@@ -125,6 +124,7 @@ class Router:
         self.tickets: dict[int, Ticket] = {}
         self.ports: dict[int, int] = {}
         self.happenings = Happenings()
+        self.progress = LoadProgressTracker()  # how far each loading replica has come, read on demand
         # Called with a replica's port as it is told to stop: clients close their idle kept-alive connections
         # to it, which would otherwise hold up llama-server's exit (and so a swap) by about 0.1 s.
         self.stop_listeners: list[Callable[[int], None]] = []
@@ -412,6 +412,7 @@ class Router:
             return None
 
     def _from_supervisor(self, report: SupervisorEvent) -> None:
+        self.progress.forget(report.replica)  # every report ends a load or comes after its end
         match report:
             case ReplicaReady(replica=replica):
                 self.happenings.note(
@@ -476,18 +477,3 @@ class Router:
         if self.state.waiting >= self.state.settings.policy.queue_limit:
             return None
         return self.quotas.refusal(key, time.time())
-
-    def queue_position(self, rid: int) -> tuple[int | None, str | None]:
-        """1-based position among waiting requests, and the model being loaded for it (if any)."""
-        position = queue_position(self.state, rid)
-        loading = loading_for(self.state, rid)
-        if position is None or not loading:
-            return position, None
-        started = min(self.supervisor_started(r.id) for r in loading)
-        return position, f"{min(r.model for r in loading)} ({started:.0f} s so far)"
-
-    def supervisor_started(self, replica: int) -> float:
-        info = self.supervisor.info(replica)
-        if info is None or info.started_at is None:
-            return 0.0
-        return max(0.0, time.time() - info.started_at)

@@ -21,13 +21,14 @@ from router.hosts.gpu_monitor import Ours
 from router.journal.records import RequestRecord
 from router.placement.budgets import GpuMeasure
 from router.shell.happenings import Happening
+from router.shell.load_progress import LoadProgress
 from router.shell.processes import ReplicaProcessInfo
 from router.shell.quota import OverLimit
 from router.shell.replica_logs import ReplicaLogFile
 from router.shell.rpc_probe import Endpoint, Reachability
 from router.shell.runtime import Router
 from router.shell.ticket import Ticket
-from statemachine import RequestClass, State
+from statemachine import ReplicaPhase, RequestClass, State, queries
 
 
 class RouterView:
@@ -109,8 +110,30 @@ class RouterView:
     def ready_port(self, models: tuple[str, ...] | list[str]) -> int | None:
         return self._router.ready_port(models)
 
-    def queue_position(self, rid: int) -> tuple[int | None, str | None]:
-        return self._router.queue_position(rid)
+    def queue_position(self, rid: int) -> int | None:
+        """1-based position of request ``rid`` among the waiting requests; None unless it waits."""
+        return queries.queue_position(self.state, rid)
+
+    def load_progress(self, replica: int) -> LoadProgress | None:
+        """How far the replica ``replica`` has come with its load; None unless it is loading."""
+        found = queries.find_replica(self.state, replica)
+        info = self.replica_info(replica)
+        if found is None or found.phase != ReplicaPhase.LOADING or info is None:
+            return None
+        return self._router.progress.of(info, lambda: self.replica_log_lines(replica))
+
+    def awaited_load(self, rid: int) -> tuple[str, LoadProgress] | None:
+        """The load waiting request ``rid`` waits for, as its model and progress (the furthest, when several
+        replicas that may serve it load); None when it waits for no load."""
+        loads = [
+            (progress, replica.model)
+            for replica in queries.loading_for(self.state, rid)
+            if (progress := self.load_progress(replica.id)) is not None
+        ]
+        if not loads:
+            return None
+        progress, model = max(loads, key=lambda load: (load[0].fraction, load[0].seconds))
+        return model, progress
 
 
 class Desk(RouterView):

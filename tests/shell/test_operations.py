@@ -7,7 +7,7 @@ from typing import Any
 
 import trio
 
-from tests.support.client import assert_openai_error, chat_body, post_chat, stream
+from tests.support.client import SseEvent, assert_openai_error, chat_body, post_chat, stream
 from tests.support.harness import running_router
 
 KEYS = {"api_keys": ["sk-one", "sk-two"]}
@@ -51,10 +51,13 @@ async def test_shutdown_finishes_streams_and_answers_waiters_503(tmp_path: Path)
         async with trio.open_nursery() as nursery:
             first = trio.Event()
 
+            def seen(event: SseEvent) -> None:
+                if event.data is not None:  # a token, not a comment sent while the model loads
+                    first.set()
+
             async def long() -> None:
-                results["stream"] = await stream(
-                    rt.client, "/v1/chat/completions", chat_body("a"), on_event=lambda e: first.set()
-                )
+                body = chat_body("a")
+                results["stream"] = await stream(rt.client, "/v1/chat/completions", body, on_event=seen)
 
             async def waiter() -> None:
                 results["waiter"] = await post_chat(rt.client, "a", max_tokens=2)

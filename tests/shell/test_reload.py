@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.support.client import assert_openai_error, chat_body, post_chat, stream
+from tests.support.client import SseEvent, assert_openai_error, chat_body, post_chat, stream
 from tests.support.harness import running_router
 from tests.support.routerproc import router_process
 from tests.support.simtools import read_records
@@ -39,10 +39,12 @@ async def test_reload_keeps_an_unchanged_stream_and_restarts_what_changed(tmp_pa
         async with trio.open_nursery() as nursery:
             first = trio.Event()
 
+            def seen(event: SseEvent) -> None:
+                if event.data is not None:  # a token, not a comment sent while the model loads
+                    first.set()
+
             async def long() -> None:
-                results["a"] = await stream(
-                    rt.client, "/v1/chat/completions", chat_body("a"), on_event=lambda e: first.set()
-                )
+                results["a"] = await stream(rt.client, "/v1/chat/completions", chat_body("a"), on_event=seen)
                 first.set()
 
             nursery.start_soon(long)

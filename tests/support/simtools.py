@@ -44,6 +44,15 @@ def write_sim_model(dir: Path, name: str, **behaviour: Any) -> Path:
     return path
 
 
+def write_padded_model(dir: Path, name: str, mib: int, **behaviour: Any) -> Path:
+    """``write_sim_model``, padded with spaces to ``mib`` MiB: the simulator then maps the file and touches
+    its pages over its ``load_delay``, as llama-server reads its weights (a load whose progress shows)."""
+    path = write_sim_model(dir, name, **behaviour)
+    text = path.read_text()
+    path.write_text(text + " " * (mib * (1 << 20) - len(text)))
+    return path
+
+
 def write_sim_sidecar(model_file: Path, **behaviour: Any) -> Path:
     """Give a real GGUF file simulated behaviour: writes ``<model_file>.sim.json`` next to it."""
     _check_keys(behaviour)

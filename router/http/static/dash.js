@@ -139,6 +139,12 @@
     return response.json();
   }
 
+  // How far a loading replica has come, from what its process read of its weights (" 62% 14 s").
+  function loadWords(r) {
+    if (r.load) return ` ${r.load.percent}% ${fmtAge(r.load.seconds)}`;
+    return r.started_at ? " " + fmtAge(serverNow() - r.started_at) : "";
+  }
+
   // A replica's llama-server log (/logs/{id}) in a new tab; with an API key the text is fetched with it.
   function logLink(r, text) {
     return h("a", { class: "log", href: r.log_url, target: "_blank", rel: "noopener",
@@ -391,7 +397,7 @@
       );
       const chips = replicasOn(gpu.id).map((r) => {
         let state = r.state;
-        if (r.state === "loading" && r.started_at) state += " " + fmtAge(serverNow() - r.started_at);
+        if (r.state === "loading") state += loadWords(r);
         if (r.state === "ready") state += ` ${r.in_flight}/${r.slots}`;
         return h("span", { class: "chip", "data-model": r.model, "data-state": r.state, title: `replica ${r.id}` },
           swatch(r.model), h("span", { text: r.model }), h("span", { class: "state", text: state }), logLink(r, "log"));
@@ -485,7 +491,7 @@
       h("tr", { class: "replica-row", "data-state": r.state },
         h("td", { class: "mono" }, logLink(r, "#" + r.id)),
         h("td", {}, h("span", { class: "chip" }, swatch(r.model), r.model)),
-        h("td", {}, h("span", { class: "badge st-" + r.state, text: r.state })),
+        h("td", {}, h("span", { class: "badge st-" + r.state, text: r.state + (r.state === "loading" ? loadWords(r) : "") })),
         h("td", { text: r.gpus.length ? r.gpus.join(", ") : "cpu" }),
         h("td", { class: "num", text: `${r.in_flight} / ${r.slots}` }),
         h("td", { class: "num wide", text: r.started_at ? fmtAge(now - r.started_at) : "–" }),

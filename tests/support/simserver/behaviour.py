@@ -38,11 +38,13 @@ class Behaviour:
 
 BEHAVIOUR_KEYS: frozenset[str] = frozenset(f.name for f in fields(Behaviour))
 SIDECAR_SUFFIX = ".sim.json"
+JSON_HEAD = 64 * 1024  # the most of a JSON model file read for its behaviour
 
 
 def load_behaviour(model_path: str) -> Behaviour:
-    """The behaviour for a model file: the file itself when it is JSON; for a GGUF file, the JSON sidecar
-    ``MODEL.gguf.sim.json`` when present, else the defaults. Raises OSError or ValueError when unusable."""
+    """The behaviour for a model file: the JSON object it starts with (whitespace may follow, as much as it
+    likes); for a GGUF file, the JSON sidecar ``MODEL.gguf.sim.json`` when present, else the defaults.
+    Raises OSError or ValueError when unusable."""
     with open(model_path, "rb") as f:
         head = f.read(4)
         if head == b"GGUF":
@@ -52,8 +54,10 @@ def load_behaviour(model_path: str) -> Behaviour:
             with open(sidecar, "rb") as g:
                 raw = g.read()
         else:
-            raw = head + f.read()
-    data = json.loads(raw or b"{}")
+            raw = head + f.read(JSON_HEAD)
+    # A model file padded to weigh something (see simserver.main._read_weights) holds its JSON object first:
+    # only that is read here, so that what the process reads of the file stays what its load reads.
+    data, _ = json.JSONDecoder().raw_decode((raw or b"{}").decode())
     if not isinstance(data, dict):
         raise ValueError("the model file must hold a JSON object")
     unknown = sorted(set(data) - BEHAVIOUR_KEYS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import os
 import signal
 import sys
@@ -47,6 +48,32 @@ def _fail_load(path: str, reason: str, code: int = 1) -> None:
     os._exit(code)
 
 
+_MAPPED: list[mmap.mmap] = []  # the weights stay mapped while the server runs, as llama-server's do
+READ_STEPS = 20
+PAGE = 4096
+
+
+def _read_weights(path: str, seconds: float) -> None:
+    """Take ``seconds`` to load: a model file of a MiB or more is mapped and its pages touched in
+    ``READ_STEPS`` even steps over that time (the mapping's resident size grows as llama-server's does while
+    it copies weights to a GPU); a smaller one (a JSON behaviour file) is just waited on."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        size = 0
+    if size < 1024 * 1024:
+        time.sleep(seconds)
+        return
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    _MAPPED.append(mapped)
+    total = 0
+    for step in range(READ_STEPS):
+        for offset in range(size * step // READ_STEPS, size * (step + 1) // READ_STEPS, PAGE):
+            total += mapped[offset]
+        time.sleep(seconds / READ_STEPS)
+
+
 def _load(state: ServerState, problem: str | None) -> None:
     options, behaviour = state.options, state.behaviour
     path = options.model
@@ -54,7 +81,7 @@ def _load(state: ServerState, problem: str | None) -> None:
     if problem is not None:
         log(f"gguf_init_from_file: failed to open GGUF file '{path}' ({problem})")
         _fail_load(path, f"llama_model_loader: failed to load model from {path}")
-    time.sleep(max(behaviour.load_delay, 0.0))
+    _read_weights(path, max(behaviour.load_delay, 0.0))
     device = _device_name(options)
     if behaviour.oom_at_load:
         mib = behaviour.oom_mib
