@@ -186,7 +186,12 @@ async def test_dash_shows_each_models_plan_verdict_and_links_the_pages(tmp_path:
                 " [li.dataset.verdict, li.querySelector('.verdict').textContent]]))"
             )
             links = await page.evaluate("[...document.querySelectorAll('.pages-nav a')].map(a => a.pathname)")
+            loadable = await page.evaluate(
+                "Object.fromEntries([...document.querySelectorAll('#plan li.plan-row')]"
+                ".map(li => [li.dataset.model, !li.querySelector('button[data-action=load]').disabled]))"
+            )
     assert {"/chat", "/translate"} <= set(links)
+    assert loadable == {"llama-8b": True, "qwen-14b": True, "huge": False, "blind": True}  # refused: no load
     assert set(shown) == set(models)
     verdict, words = shown["llama-8b"]
     assert verdict == plan["llama-8b"]["verdict"] == "fits"
@@ -196,3 +201,31 @@ async def test_dash_shows_each_models_plan_verdict_and_links_the_pages(tmp_path:
     assert verdict == "refused" and words == "refused: " + plan["huge"]["message"]
     verdict, words = shown["blind"]
     assert verdict == "unknown-budget" and words == "unknown budget: " + plan["blind"]["message"]
+
+
+async def test_dash_load_and_unload_buttons_ask_the_router_with_the_dashboards_key(tmp_path: Path) -> None:
+    browser = find_browser()
+    models = {"a": {"sim": {"load_delay": 0.3}}, "b": {"gpus": [1], "sim": {}}}
+    router = {"num_gpus": 2, "api_keys": ["s3cret"]}
+    async with (
+        running_router(tmp_path, models, router=router) as h,
+        open_page(browser, f"{h.url}/dash") as page,
+    ):
+        await page.wait_for("!document.getElementById('key-form').hidden")  # 401 without the key
+        await fill(page, {"key-input": "s3cret"})
+        await page.evaluate("document.getElementById('key-form').requestSubmit()")
+        await page.wait_for("document.getElementById('plan').dataset.ready === '1'")
+        row = "document.querySelector('#plan li.plan-row[data-model=\"a\"]')"
+        said = f"{row}.querySelector('.action-said')"
+        await page.evaluate(f"{row}.querySelector('button[data-action=load]').click()")
+        await h.wait_state(lambda s: [r.phase for r in s.replicas if r.model == "a"] == ["ready"])
+        assert await page.wait_for(f"{said}.dataset.state === 'done' && {said}.textContent") == "load asked"
+        await page.evaluate(f"{row}.querySelector('button[data-action=unload]').click()")
+        await h.wait_state(lambda s: not s.replicas)
+        assert await page.wait_for(f"{said}.textContent === 'unload asked'")
+        assert [r.model for r in h.router.state.replicas] == []
+        await page.evaluate("localStorage.setItem('llama-router-key', 'wrong')")
+        await page.evaluate(f"{row}.querySelector('button[data-action=load]').click()")
+        await page.wait_for(f"{said}.dataset.state === 'failed'")
+        assert await page.evaluate("!document.getElementById('key-form').hidden")
+    assert not h.router.state.replicas  # the refused click loaded nothing

@@ -1,6 +1,8 @@
 "use strict";
 // The dashboard's placement panel: each model's verdict from /plan in words ("fits on GPU 0 at 32k",
-// "refused: ..."). The plan changes only at start-up and on a reload, so it is read now and then.
+// "refused: ..."), with buttons that load the model ahead of its requests or let it go (POST /models/load and
+// /models/unload, with the dashboard's key: the same guards as any client of those endpoints). The plan
+// changes only at start-up and on a reload, so it is read now and then.
 (() => {
   const PLAN_MS = 30000;
   const RPC_BASE = 1000; // RPC devices' ids in the plan start here (router/deploy/rpc_devices.py)
@@ -63,7 +65,14 @@
       const words = document.createElement("span");
       words.className = "verdict";
       words.textContent = verdictWords(m);
-      li.append(name, words);
+      const said = document.createElement("span");
+      said.className = "action-said";
+      const load = button("Load", "load", m.name, said);
+      if (m.verdict === "refused") {
+        load.disabled = true;
+        load.title = "the plan refuses this model";
+      }
+      li.append(name, words, actionsOf(load, button("Unload", "unload", m.name, said), said));
       list.append(li);
     }
     if (!list.children.length) {
@@ -75,6 +84,44 @@
     const refused = (doc.models || []).filter((m) => m.verdict === "refused" || m.verdict === "error").length;
     $("plan-hint").textContent = refused ? `${refused} cannot be placed` : "from /plan";
     list.dataset.ready = "1";
+  }
+
+  function actionsOf(...children) {
+    const span = document.createElement("span");
+    span.className = "actions";
+    span.append(...children);
+    return span;
+  }
+
+  function button(text, action, model, said) {
+    const b = document.createElement("button");
+    b.type = "button";
+    b.className = "action";
+    b.dataset.action = action;
+    b.textContent = text;
+    b.title = `${action} ${model} now`;
+    b.addEventListener("click", () => act(action, model, said));
+    return b;
+  }
+
+  // POST /models/{action} for one model; what the router answered goes beside the buttons.
+  async function act(action, model, said) {
+    const key = localStorage.getItem(KEY_STORE) || "";
+    const headers = { "Content-Type": "application/json" };
+    if (key) headers.Authorization = "Bearer " + key;
+    said.dataset.state = "sent";
+    said.textContent = action === "load" ? "loading…" : "unloading…";
+    try {
+      const response = await fetch("models/" + action, { method: "POST", headers, body: JSON.stringify({ model }) });
+      const doc = await response.json().catch(() => ({}));
+      if (response.status === 401) $("key-form").hidden = false;
+      if (!response.ok) throw new Error((doc.error && doc.error.message) || `answered ${response.status}`);
+      said.dataset.state = "done";
+      said.textContent = action === "load" ? "load asked" : "unload asked";
+    } catch (err) {
+      said.dataset.state = "failed";
+      said.textContent = err.message;
+    }
   }
 
   async function refresh() {
