@@ -92,9 +92,11 @@ ROUTER_KEYS: tuple[KeySpec, ...] = (
     KeySpec(
         "hang_timeout",
         NUMBER,
-        30.0,
-        "Seconds a ready replica may leave its /health probes unanswered (stopped, deadlocked in a driver "
-        "call) before it is killed and replaced; its streams end with an error event.",
+        4.0,
+        "Seconds a ready replica may leave its /health probes (every half second) unanswered — stopped, "
+        "deadlocked in a driver call — before it is killed and replaced; its streams end with an error "
+        "event, and the requests it had answered nothing go to the replacement. A busy replica still "
+        "answers /health.",
         0,
         exclusive_minimum=True,
     ),

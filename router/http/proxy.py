@@ -242,20 +242,32 @@ class Proxy:
         self, ticket: Ticket, method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> UpstreamReply | None:
         """Send the request to its replica; when nothing listens there any more (the replica died a moment
-        ago), the ticket waits for another one. None: the scheduler answered it instead."""
+        ago), or it was killed as unresponsive before it answered, the ticket waits for another one. None: the
+        scheduler answered it instead."""
         while True:
             try:
                 if ticket.port is None:  # its replica exited as it was chosen: nothing to connect to
                     raise ConnectFailed("the replica has no port any more")
                 return await self.pool.send(ticket.port, method, target, headers, body)
             except ConnectFailed as exc:
-                if not ticket.refused(str(exc)):
+                if not ticket.refused(f"connection refused: {exc}"):
+                    raise
+            except UpstreamError as exc:
+                # Killed as unresponsive before it answered: nothing reached the client, the replacement may.
+                frozen = self._unresponsive(ticket)
+                if not frozen or not ticket.refused(f"the replica stopped answering: {exc}"):
                     raise
             await ticket.decided.wait()
             if ticket.reject is not None and ticket.refused("the replica exited", again=True):
                 await ticket.decided.wait()  # the exit reached the scheduler before the refusal
             if ticket.reject is not None:
                 return None
+
+    def _unresponsive(self, ticket: Ticket) -> bool:
+        """Whether the replica ``ticket`` was sent to was killed for leaving its /health unanswered."""
+        dispatch = ticket.dispatch
+        info = self.view.replica_info(dispatch.replica) if isinstance(dispatch, Dispatch) else None
+        return info is not None and info.unresponsive
 
     async def _relay(self, ticket: Ticket, upstream: UpstreamReply, sse: bool) -> AsyncIterator[bytes]:
         # No cancel scope spans a yield here: the exchange ends by itself when the replica goes away.

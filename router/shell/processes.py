@@ -72,7 +72,7 @@ class LaunchSpec:
     stop_timeout: float = 10.0
     cwd: str | None = None  # relative paths in the argv start here (the config file's directory)
     # A ready replica that answers no /health probe for this long is declared hung (None: never).
-    hang_timeout: float | None = 30.0
+    hang_timeout: float | None = 4.0
     kv: KvLaunch | None = None  # None: no saved states (the model or the router opted out)
 
 
@@ -103,6 +103,7 @@ class ReplicaProcessInfo:
     returncode: int | None
     stop_reason: str | None
     log_path: str | None = None  # the replica's log file, when it has one
+    unresponsive: bool = False  # killed for leaving its /health unanswered for hang_timeout
 
 
 class ProcessSupervisor(Protocol):

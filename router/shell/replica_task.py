@@ -39,7 +39,7 @@ __all__ = ["MOVES", "Happened", "ProcessPhase", "ReplicaTask", "ReplicaTaskFault
 _HEALTH_INTERVAL = 0.1  # seconds between /health probes while loading
 _HEALTH_FIRST = 0.01  # the first probes come faster: small models are ready in well under a second
 _HEALTH_CALL_TIMEOUT = 1.0  # seconds one /health probe may take
-_WATCH_EVERY = 5.0  # seconds between /health probes of a ready replica (at most)
+_WATCH_EVERY = 0.5  # seconds between /health probes of a ready replica (at most)
 _SHUTDOWN_GRACE = 3.0  # most seconds between SIGTERM and SIGKILL when the supervisor itself is cancelled
 _KILL_WAIT = 10.0  # seconds to wait for a SIGKILLed child during shutdown before giving up on it
 _DRAIN_WAIT = 2.0  # seconds to wait for the output pipe to reach EOF after the child is reaped
@@ -143,6 +143,7 @@ class ReplicaTask:
     path: list[ProcessPhase] = attrs.field(factory=lambda: [ProcessPhase.PENDING])  # every phase so far
     returncode: int | None = None
     stop_reason: str | None = None
+    unresponsive: bool = False  # killed for leaving /health unanswered for hang_timeout
 
     @property
     def label(self) -> str:
@@ -183,6 +184,7 @@ class ReplicaTask:
             returncode=self.returncode,
             stop_reason=self.stop_reason,
             log_path=str(self.file.path) if self.file is not None else None,
+            unresponsive=self.unresponsive,
         )
 
     def stop(self, reason: str, *, save: bool = False) -> None:
@@ -387,14 +389,17 @@ class ReplicaTask:
         last_answer = trio.current_time()
         while self.phase is ProcessPhase.READY:
             await trio.sleep(every)
+            left = spec.hang_timeout - (trio.current_time() - last_answer)
             try:
-                await _get_status(http, url, max(every, min(_HEALTH_CALL_TIMEOUT * 5, spec.hang_timeout / 2)))
+                # A probe may take until the silence reaches hang_timeout: a late answer still counts.
+                await _get_status(http, url, max(every, left))
             except httpx.HTTPError:
                 silent = trio.current_time() - last_answer
                 if silent < spec.hang_timeout or self.phase is not ProcessPhase.READY:
                     continue
                 reason = f"no answer to /health for {silent:.0f} s (hang_timeout = {spec.hang_timeout:g})"
                 self.logger.error("[%s] %s: killing it", self.label, reason)
+                self.unresponsive = True
                 self._begin_stop(Happened.UNRESPONSIVE, f"not responding: {reason}")
                 if self.child is not None:
                     self.child.signal_group(signal.SIGKILL)  # a stopped or hung process ignores SIGTERM

@@ -34,7 +34,7 @@ from statemachine import (
     RequestFinished,
 )
 
-REDISPATCHES = 2  # times a request whose replica refused the connection waits for another
+REDISPATCHES = 2  # times a request whose replica refused it (or froze before answering) waits for another
 
 
 class TicketPhase(enum.Enum):
@@ -170,7 +170,8 @@ class Ticket:
 
     # ----------------------------------------------------------------------- the handler's reports
     def refused(self, reason: str, *, again: bool = False) -> bool:
-        """Its replica refused the connection (nothing reached it). True: it waits for another decision
+        """Its replica refused the connection (nothing reached it), or stopped answering before any byte of
+        its reply (``reason`` says which). True: it waits for another decision
         (await ``decided`` again); False: it may not, and the handler answers with what it has. ``again``:
         the scheduler answered the last refusal with the replica's exit (it saw the exit first), which does
         not count as one more refusal."""
@@ -185,7 +186,7 @@ class Ticket:
             # so it is admitted again, behind the requests waiting now, instead of failing.
             self.arrive()
         else:
-            self._tell(DispatchFailed(self.rid, f"connection refused: {reason}"))
+            self._tell(DispatchFailed(self.rid, reason))
         return True
 
     def peer_failed(self, reason: str, *, down: bool, status: int | None) -> None:
