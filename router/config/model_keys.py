@@ -32,7 +32,8 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
         (0,),
         'GPUs a replica spans; "all" (or -1) means every GPU the router sees. A single id may be given '
         "without brackets. `[]` runs the model on the CPU against host memory (`-ngl 0`); with "
-        "`num_gpus = 0` that is the default.",
+        "`num_gpus = 0`, or unset on a host with no GPU at all (none read, declared or listed by "
+        "`llama-server --list-devices`), that is the default.",
         rule='"all", -1, a GPU id, [] (CPU only), or a list of distinct GPU ids >= 0 (below `num_gpus` '
         "when set)",
     ),

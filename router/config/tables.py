@@ -256,6 +256,8 @@ def parse_model(
                     key=f"{prefix}.gpus",
                 )
             values[spec.name] = spec.default
+            if spec.name == "gpus" and num_gpus is None:
+                values["gpus_named"] = False
         elif spec.name == "gpus":
             values["gpus"] = _gpus(doc, f"{prefix}.gpus", value, num_gpus)
         elif spec.name == "pricing":

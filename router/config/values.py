@@ -105,9 +105,10 @@ class ModelConfig:
     :data:`ALL_GPUS`; ``rpc`` names ``[rpc_devices.NAME]`` tables in the order written. ``ctx`` None
     means automatic; ``gpu_layers`` None means placement's choice;
     ``ttl`` None means never unloaded for idleness; ``cram`` (MiB of host-memory prompt cache per
-    replica, ``[defaults]`` already applied) None means sized by placement. ``extra_args`` holds every
-    other key of the table as (key as written, value) pairs in file order: llama-server flags, rendered by
-    ``router.config.llama_args``.
+    replica, ``[defaults]`` already applied) None means sized by placement. ``gpus_named`` says whether the
+    table, ``[defaults]`` or ``num_gpus`` chose ``gpus`` (see ``router.deploy.cpu_host``). ``extra_args``
+    holds every other key of the table as (key as written, value) pairs in file order: llama-server flags,
+    rendered by ``router.config.llama_args``.
     """
 
     name: str
@@ -127,6 +128,7 @@ class ModelConfig:
     pricing: Pricing | None = None
     reasoning_effort: ReasoningEffort | None = None
     extra_args: tuple[tuple[str, FlagValue], ...] = attrs.field(default=(), converter=_tuple)
+    gpus_named: bool = True  # False: gpus is the default, set by nobody (a host without GPUs moves it)
 
 
 @attrs.frozen

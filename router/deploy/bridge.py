@@ -22,6 +22,7 @@ import attrs
 from router.config.llama_args import cache_types
 from router.config.load import Config, ConfigError, config_dir, resolve_gpus
 from router.config.source import ConfigSource
+from router.deploy.cpu_host import on_cpu_host
 from router.deploy.launch import ModelDecision, default_decision, gpu_ids
 from router.deploy.memory_flags import flash_attn, memory_flags
 from router.deploy.rpc_devices import model_devices, rpc_devices
@@ -106,7 +107,16 @@ def plan(
     config: Config, monitor: GpuMonitor | None = None, ours: Ours | None = None
 ) -> tuple[tuple[int, ...], dict[int, int | None], dict[str, ModelDecision], dict[str, Any]]:
     """GPU ids, the budgets (bytes) of the GPUs and RPC devices, the decision per model, and the versioned
-    plan document.
+    plan document (see ``hosted_plan``)."""
+    return hosted_plan(config, monitor, ours)[1:]
+
+
+def hosted_plan(
+    config: Config, monitor: GpuMonitor | None = None, ours: Ours | None = None
+) -> tuple[Config, tuple[int, ...], dict[int, int | None], dict[str, ModelDecision], dict[str, Any]]:
+    """The configuration as this host runs it (on a host without GPUs, the models that name none are on the
+    CPU: ``router.deploy.cpu_host``), GPU ids, the budgets (bytes) of the GPUs and RPC devices, the decision
+    per model, and the versioned plan document.
 
     ``monitor`` reads the GPUs (a fresh one when None); ``ours`` tells it which processes on each GPU are
     this router's replicas, so that a plan made while they run (a reload) sees the same budgets.
@@ -122,6 +132,8 @@ def plan(
         if own:
             monitor.close()
     gpus = {device: b for device, b in budgets.items() if isinstance(device, int)}
+    if not gpus:
+        config = on_cpu_host(config)
     ids = gpu_ids(config, len(gpus))
     inputs = placement_inputs(config, ids)
     for rpc in rpc_devices(config):
@@ -145,7 +157,7 @@ def plan(
     document = plan_document(plans, budgets)
     if document["host"]["warning"]:
         log.warning("%s", document["host"]["warning"])
-    return ids, scheduler_budgets, decisions, document
+    return config, ids, scheduler_budgets, decisions, document
 
 
 def plan_command(source: ConfigSource, *, as_json: bool) -> int:

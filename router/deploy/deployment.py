@@ -15,7 +15,7 @@ from typing import Any
 import attrs
 
 from router.config.load import Config, check_gpu_ids, check_model_files, read_api_keys
-from router.deploy.bridge import plan
+from router.deploy.bridge import hosted_plan
 from router.deploy.launch import ModelLaunch, check_pinned, launches, scheduler_settings
 from router.hosts.gpu_monitor import GpuMonitor, Ours
 from router.hosts.locate import find_llama_server
@@ -44,7 +44,7 @@ def prepare(config: Config, monitor: GpuMonitor | None = None, ours: Ours | None
     if accepted is not None:
         check_flags(config, binary, accepted)
     check_model_files(config)
-    ids, budgets, decisions, document = plan(config, monitor, ours)
+    config, ids, budgets, decisions, document = hosted_plan(config, monitor, ours)
     check_gpu_ids(config, ids)
     settings = scheduler_settings(config, ids, decisions, budgets)
     check_pinned(config, settings)

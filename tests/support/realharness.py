@@ -68,6 +68,10 @@ def real_document(
         table = dict(raw)
         table["model"] = real_model(table.pop("shape", "small"))
         table.setdefault("ctx", 2048)
+        # The CPU build lists no device, so models that name no GPUs would run on the CPU (see
+        # router.deploy.cpu_host); these tests schedule on GPU 0 as on a GPU host. None leaves gpus unset.
+        if table.setdefault("gpus", [0]) is None:
+            del table["gpus"]
         tables[name] = table
     doc: dict[str, Any] = {
         "router": {

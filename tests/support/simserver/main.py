@@ -165,6 +165,17 @@ def _ignore_sigterm(signum: int, frame: Any) -> None:
     os.write(2, SIGTERM_IGNORED.encode() + b"\n")
 
 
+# What --list-devices prints: one simulated GPU, unless this variable lists others ("" or "none": none, as a
+# CPU-only build on a host without GPUs prints).
+DEVICES_ENV = "SIM_LIST_DEVICES"
+SIM_DEVICE = "SIM0: Simulated GPU (24576 MiB, 24576 MiB free)"
+
+
+def devices_text(listed: str | None) -> str:
+    names = [SIM_DEVICE] if listed is None else [d for d in listed.split(",") if d and d != "none"]
+    return "Available devices:\n" + "".join(f"  {name}\n" for name in names or ["(none)"])
+
+
 def main(argv: list[str]) -> int:
     if HELP_FLAGS & set(argv[1:]):
         with open(HELP_TEXT, "rb") as f:
@@ -173,6 +184,9 @@ def main(argv: list[str]) -> int:
         return 0
     if "--version" in argv[1:]:
         sys.stderr.write(VERSION_TEXT)
+        return 0
+    if "--list-devices" in argv[1:]:
+        sys.stdout.write(devices_text(os.environ.get(DEVICES_ENV)))
         return 0
     options = parse_args(argv[1:])
     problem: str | None = None
