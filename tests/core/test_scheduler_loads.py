@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from statemachine import (
     ClientGone,
     Dispatch,
+    IllegalEvent,
     Kill,
     KillCause,
     LoadRequested,
@@ -27,6 +30,8 @@ from statemachine import (
     Tick,
     UnloadRequested,
     WakeAt,
+    initial_state,
+    step,
 )
 from tests.support.scenario import evict, play, spawn
 
@@ -48,6 +53,14 @@ def idle(replica: int, model: str, seconds: float, why: str = "keep_alive") -> K
 
 
 # ---------------------------------------------------------------------------------------- loads asked for
+
+
+def test_a_load_asked_for_an_unknown_model_is_an_illegal_event() -> None:
+    """The shell checks the name first (404); a LoadRequested for a model the settings lack is its fault."""
+    with pytest.raises(IllegalEvent, match="unknown model 'nope'"):
+        step(initial_state(two()), LoadRequested("nope"))
+
+
 def test_a_load_asked_for_starts_at_once_when_it_fits() -> None:
     """b is asked for on a free GPU: its replica starts, names no request, and serves the next request.
     checks: INV-LOAD-ASKED"""
