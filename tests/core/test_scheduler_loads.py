@@ -76,6 +76,24 @@ def test_a_load_asked_for_starts_at_once_when_it_fits() -> None:
     assert state.wanted == ()
 
 
+def test_a_load_asked_for_starts_the_replicas_a_model_still_lacks() -> None:
+    """a has two replicas; one of them exits (a crash): asked for, a gets its second one again.
+    checks: INV-LOAD-ASKED"""
+    state = play(
+        Settings(models=[ModelSpec("a", replicas=2)]),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1), spawn(2, "a", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (ReplicaReady(2), []),
+            (RequestFinished(1), []),
+            (ReplicaExited(2, "crashed"), []),
+            (LoadRequested("a"), [asked(3, "a")]),
+            (LoadRequested("a"), []),  # both are there: nothing more
+        ],
+    )
+    assert state.wanted == ()
+
+
 def test_a_load_asked_for_evicts_idle_residents_and_waits_for_busy_ones() -> None:
     """a is busy: b waits (a is never stopped for it); once a is idle it is evicted, and b starts when a has
     exited. checks: INV-LOAD-ASKED"""
