@@ -36,7 +36,7 @@ MILESTONES: tuple[tuple[str, float], ...] = (
     ("model loaded", 0.98),
 )
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
-_MAPPING = re.compile(r"^[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \d+\s*(.*)$")
+_MAPPING = re.compile(r"[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \d+\s*(.*)$")
 
 
 @attrs.frozen
@@ -76,15 +76,21 @@ def model_files(argv: Iterable[str], cwd: str) -> list[str]:
 
 def resident_bytes(smaps: str, files: set[str]) -> int | None:
     """The resident size of the mappings of ``files`` in the text of a ``/proc/PID/smaps``; None when the
-    process maps none of them."""
-    total, counting, mapped = 0, False, False
-    for line in smaps.splitlines():
-        header = _MAPPING.match(line)
-        if header is not None:
-            counting = header.group(1).removesuffix(" (deleted)") in files
-            mapped = mapped or counting
-        elif counting and line.startswith("Rss:"):
-            total += int(line.split()[1]) * 1024
+    process maps none of them. Only the mappings of ``files`` are looked at (a GPU process maps thousands of
+    other things), each by its header line and the ``Rss:`` line of its block."""
+    total, mapped = 0, False
+    for path in files:
+        for needle in (f" {path}\n", f" {path} (deleted)\n"):
+            at = smaps.find(needle)
+            while at >= 0:
+                start = smaps.rfind("\n", 0, at) + 1
+                header = _MAPPING.match(smaps, start, at + len(needle) - 1)
+                if header is not None:
+                    mapped = True
+                    rss = smaps.find("\nRss:", at)
+                    if rss >= 0:
+                        total += int(smaps[rss + 5 : smaps.index("kB", rss)]) * 1024
+                at = smaps.find(needle, at + len(needle))
     return total if mapped else None
 
 

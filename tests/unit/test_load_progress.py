@@ -66,6 +66,19 @@ def test_a_mappings_resident_size_counts_the_pages_the_process_touched(tmp_path:
         mapped.close()
 
 
+def test_every_mapping_of_the_files_counts_and_nothing_else() -> None:
+    smaps = (
+        "7f00-7f80 r--s 00000000 08:01 12 /m/a-00001-of-00002.gguf\nSize: 512 kB\nRss: 100 kB\n"
+        "7f80-7f90 r-xp 00000000 08:01 13 /usr/lib/libggml.so\nRss: 9000 kB\n"
+        "7f90-7fa0 r--s 00000000 08:01 14 /m/a-00002-of-00002.gguf (deleted)\nSize: 4 kB\nRss: 20 kB\n"
+        "7fa0-7fb0 rw-p 00000000 00:00 0 \nRss: 7000 kB\n"
+    )
+    shards = {"/m/a-00001-of-00002.gguf", "/m/a-00002-of-00002.gguf"}
+    assert resident_bytes(smaps, shards) == 120 * 1024
+    assert resident_bytes(smaps, {"/m/a-00001-of-00002.gguf"}) == 100 * 1024
+    assert resident_bytes(smaps, {"/usr/lib"}) is None  # a path's prefix is no mapping of it
+
+
 CHILD = """
 import mmap, sys
 f = open(sys.argv[1], "rb")
