@@ -127,6 +127,19 @@ def test_two_keys_waiting_for_one_slot_share_it_by_their_weights() -> None:
     assert a_order == sorted(a_order)  # within a key, arrival order
 
 
+def test_a_key_the_settings_give_no_weight_shares_as_weight_one() -> None:
+    """Anonymous requests (key "") and plain API keys have no weight of their own: they count as 1.
+    checks: INV-FAIR"""
+    state = loaded(Settings(models=[ModelSpec("m", pinned=True)], weights={"a": 1}))
+    arrivals = [RequestArrived(rid, "m", key="a") for rid in range(1, 8)]
+    arrivals += [RequestArrived(rid, "m", key="") for rid in range(11, 18)]
+    state, went = feed(state, arrivals)
+    assert went == [1]
+    _, order = drain(state, 1, 8)
+    keys = ["a" if rid < 10 else "" for rid in order]
+    assert keys.count("a") == keys.count("") == 4, keys
+
+
 def test_a_key_back_from_idle_starts_at_the_clock_instead_of_claiming_its_unused_share() -> None:
     # checks: INV-FAIR
     settings = Settings(models=[ModelSpec("m", pinned=True)], weights={"a": 1, "b": 1})
