@@ -22,8 +22,9 @@ import attrs
 from router.config.llama_args import cache_types
 from router.config.load import Config, ConfigError, config_dir, resolve_gpus
 from router.config.source import ConfigSource
-from router.deploy.cpu_host import on_cpu_host
+from router.deploy.cpu_host import build_devices, on_cpu_host
 from router.deploy.launch import ModelDecision, default_decision, gpu_ids
+from router.deploy.masking import Masks, device_masks
 from router.deploy.memory_flags import flash_attn, memory_flags
 from router.deploy.rpc_devices import model_devices, rpc_devices
 from router.hosts.gpu_monitor import GpuMonitor, Ours
@@ -111,12 +112,21 @@ def plan(
     return hosted_plan(config, monitor, ours)[1:]
 
 
+@attrs.frozen
+class Host:
+    """The configuration as this host runs it (on a host without GPUs, the models that name none are on the
+    CPU: ``router.deploy.cpu_host``) and the masks of a Vulkan or SYCL build's devices
+    (``router.deploy.masking``)."""
+
+    config: Config
+    masks: Masks = attrs.field(factory=Masks)
+
+
 def hosted_plan(
     config: Config, monitor: GpuMonitor | None = None, ours: Ours | None = None
-) -> tuple[Config, tuple[int, ...], dict[int, int | None], dict[str, ModelDecision], dict[str, Any]]:
-    """The configuration as this host runs it (on a host without GPUs, the models that name none are on the
-    CPU: ``router.deploy.cpu_host``), GPU ids, the budgets (bytes) of the GPUs and RPC devices, the decision
-    per model, and the versioned plan document.
+) -> tuple[Host, tuple[int, ...], dict[int, int | None], dict[str, ModelDecision], dict[str, Any]]:
+    """The host's view of ``config`` (``Host``), GPU ids, the budgets (bytes) of the GPUs and RPC devices,
+    the decision per model, and the versioned plan document.
 
     ``monitor`` reads the GPUs (a fresh one when None); ``ours`` tells it which processes on each GPU are
     this router's replicas, so that a plan made while they run (a reload) sees the same budgets.
@@ -132,9 +142,11 @@ def hosted_plan(
         if own:
             monitor.close()
     gpus = {device: b for device, b in budgets.items() if isinstance(device, int)}
+    binary, listed = build_devices(config, bool(gpus))
     if not gpus:
-        config = on_cpu_host(config)
+        config = on_cpu_host(config, binary, listed)
     ids = gpu_ids(config, len(gpus))
+    masks = device_masks(listed or (), gpus, ids)
     inputs = placement_inputs(config, ids)
     for rpc in rpc_devices(config):
         budgets[rpc.id] = DeviceBudget(device=rpc.id, name=rpc.label, declared=rpc.budget, kind="rpc")
@@ -157,7 +169,7 @@ def hosted_plan(
     document = plan_document(plans, budgets)
     if document["host"]["warning"]:
         log.warning("%s", document["host"]["warning"])
-    return config, ids, scheduler_budgets, decisions, document
+    return Host(config, masks), ids, scheduler_budgets, decisions, document
 
 
 def plan_command(source: ConfigSource, *, as_json: bool) -> int:

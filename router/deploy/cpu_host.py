@@ -11,10 +11,12 @@ be: against the host's memory, with ``-ngl 0`` and no GPU visible. A model that 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import attrs
 
 from router.config.load import Config
+from router.deploy.masking import has_backend_libraries
 from router.hosts.locate import LlamaServerNotFound, find_llama_server
 from router.hosts.server_devices import listed_devices
 
@@ -22,17 +24,25 @@ log = logging.getLogger("router")
 _told: set[tuple[str, ...]] = set()  # the log line is written once per set of models moved
 
 
-def on_cpu_host(config: Config) -> Config:
-    """``config`` with the models that name no GPUs on the CPU, when this host has no GPU (see the module
-    doc); ``config`` itself otherwise. Called only when no GPU was read or declared."""
-    unnamed = [m.name for m in config.models.values() if not m.gpus_named and m.gpus != ()]
-    if config.router.num_gpus is not None or config.devices or not unnamed:
-        return config
+def build_devices(config: Config, gpus_found: bool) -> tuple[Path | None, tuple[str, ...] | None]:
+    """The llama-server binary and what its ``--list-devices`` lists, when that is worth asking: no GPU was
+    read (is there one the build sees?), or a Vulkan or SYCL backend sits beside the build (which of its
+    devices is which GPU: ``router.deploy.masking``). (binary or None, None) otherwise."""
     try:
         binary = find_llama_server(config.router.llama_server)
     except LlamaServerNotFound:
-        return config
-    if listed_devices(binary) != ():
+        return None, None
+    if gpus_found and not has_backend_libraries(binary):
+        return binary, None
+    return binary, listed_devices(binary)
+
+
+def on_cpu_host(config: Config, binary: Path | None, listed: tuple[str, ...] | None) -> Config:
+    """``config`` with the models that name no GPUs on the CPU, when this host has no GPU (see the module
+    doc: ``listed`` is what ``binary`` lists); ``config`` itself otherwise. Called only when no GPU was
+    read."""
+    unnamed = [m.name for m in config.models.values() if not m.gpus_named and m.gpus != ()]
+    if config.router.num_gpus is not None or config.devices or not unnamed or listed != ():
         return config
     key = tuple(unnamed)
     if key not in _told:

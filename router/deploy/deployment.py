@@ -17,6 +17,7 @@ import attrs
 from router.config.load import Config, check_gpu_ids, check_model_files, read_api_keys
 from router.deploy.bridge import hosted_plan
 from router.deploy.launch import ModelLaunch, check_pinned, launches, scheduler_settings
+from router.deploy.masking import Masks
 from router.hosts.gpu_monitor import GpuMonitor, Ours
 from router.hosts.locate import find_llama_server
 from router.hosts.server_flags import accepted_flags, check_flags
@@ -33,6 +34,7 @@ class Deployment:
     plan_document: Mapping[str, Any]
     api_keys: tuple[bytes, ...]
     slot_saves: bool = True  # the binary takes --slot-save-path (unknown: assumed)
+    masks: Masks = attrs.field(factory=Masks)  # a Vulkan or SYCL build's devices per GPU id
 
 
 def prepare(config: Config, monitor: GpuMonitor | None = None, ours: Ours | None = None) -> Deployment:
@@ -44,7 +46,8 @@ def prepare(config: Config, monitor: GpuMonitor | None = None, ours: Ours | None
     if accepted is not None:
         check_flags(config, binary, accepted)
     check_model_files(config)
-    config, ids, budgets, decisions, document = hosted_plan(config, monitor, ours)
+    host, ids, budgets, decisions, document = hosted_plan(config, monitor, ours)
+    config = host.config
     check_gpu_ids(config, ids)
     settings = scheduler_settings(config, ids, decisions, budgets)
     check_pinned(config, settings)
@@ -54,7 +57,7 @@ def prepare(config: Config, monitor: GpuMonitor | None = None, ours: Ours | None
     keys = tuple(key.encode() for key in read_api_keys(config))
     slot_saves = accepted is None or "--slot-save-path" in accepted
     built = launches(config, str(binary), ids, decisions)
-    return Deployment(config, settings, built, document, keys, slot_saves)
+    return Deployment(config, settings, built, document, keys, slot_saves, host.masks)
 
 
 def changed_models(old: Deployment, new: Deployment) -> frozenset[str]:

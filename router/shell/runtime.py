@@ -364,11 +364,12 @@ class Router:
         kv = kv_launch(self.deployment, self.kv_store, command.model, launch, body)
         if kv is not None:
             argv += ("--slot-save-path", str(kv.shelf))
+        gpus = local_gpus(command.gpus)  # RPC devices are reached by --rpc, never masked
         spec = LaunchSpec(
             replica_id=command.replica,
             model=command.model,
             argv=argv,
-            env=gpu_env(local_gpus(command.gpus)),  # RPC devices are reached by --rpc, never masked
+            env=gpu_env(gpus) | self.deployment.masks.env(gpus),
             port=port,
             load_timeout=self.load_timeout,
             stop_timeout=self.stop_timeout,

@@ -165,14 +165,14 @@ def _ignore_sigterm(signum: int, frame: Any) -> None:
     os.write(2, SIGTERM_IGNORED.encode() + b"\n")
 
 
-# What --list-devices prints: one simulated GPU, unless this variable lists others ("" or "none": none, as a
-# CPU-only build on a host without GPUs prints).
+# What --list-devices prints: one simulated GPU, unless this variable lists others, separated by ";" ("" or
+# "none": none, as a CPU-only build on a host without GPUs prints).
 DEVICES_ENV = "SIM_LIST_DEVICES"
 SIM_DEVICE = "SIM0: Simulated GPU (24576 MiB, 24576 MiB free)"
 
 
 def devices_text(listed: str | None) -> str:
-    names = [SIM_DEVICE] if listed is None else [d for d in listed.split(",") if d and d != "none"]
+    names = [SIM_DEVICE] if listed is None else [d for d in listed.split(";") if d and d != "none"]
     return "Available devices:\n" + "".join(f"  {name}\n" for name in names or ["(none)"])
 
 
