@@ -4,14 +4,15 @@ Two measures, the larger wins:
 
 - bytes: llama-server maps the GGUF file and reads its weights through the mapping (to copy them to a GPU,
   or to use them in place), so the mapping's resident size in ``/proc/PID/smaps`` grows from 0 to the file's
-  size; a process with no mapping of the file (``--no-mmap``, or one that has not mapped it yet) reads it
-  instead, which ``rchar`` in ``/proc/PID/io`` counts. Split models (``name-00001-of-00003.gguf``) count all
-  their files. The bytes make the first ``WEIGHTS`` (90 %) of the way;
+  size; a process with no mapping of the file (``--no-mmap`` or ``--load-mode none``, or one that has not
+  mapped it yet) reads it instead, which ``rchar`` in ``/proc/PID/io`` counts. Split models
+  (``name-00001-of-00003.gguf``) count all their files. The bytes make the first ``WEIGHTS`` (90 %) of the
+  way;
 - milestones: the lines llama-server logs after the weights (the context built, the KV cache, the slots,
   "model loaded") each raise the floor towards 100 %.
 
 A replica's progress never goes back (``LoadProgressTracker`` keeps the highest reading), and reading it
-costs one pass over the replica's ``smaps`` at most every ``FRESH`` seconds.
+costs a search of the replica's ``smaps`` for the GGUF mappings at most every ``FRESH`` seconds.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ MILESTONES: tuple[tuple[str, float], ...] = (
     ("model loaded", 0.98),
 )
 _SHARD = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
-_MAPPING = re.compile(r"[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \d+\s*(.*)$")
+# An smaps header line: address range, permissions, offset, device, inode, then the path.
+_MAPPING = re.compile(r"[0-9a-f]+-[0-9a-f]+ \S+ \S+ \S+ \d+\s*.*$")
 
 
 @attrs.frozen
@@ -84,8 +86,7 @@ def resident_bytes(smaps: str, files: set[str]) -> int | None:
             at = smaps.find(needle)
             while at >= 0:
                 start = smaps.rfind("\n", 0, at) + 1
-                header = _MAPPING.match(smaps, start, at + len(needle) - 1)
-                if header is not None:
+                if _MAPPING.match(smaps, start, at + len(needle) - 1) is not None:
                     mapped = True
                     rss = smaps.find("\nRss:", at)
                     if rss >= 0:

@@ -104,11 +104,15 @@
     return b;
   }
 
+  // ``headers`` with the dashboard's API key, when it has one.
+  function keyHeaders(headers = {}) {
+    const key = localStorage.getItem(KEY_STORE) || "";
+    return key ? { ...headers, Authorization: "Bearer " + key } : headers;
+  }
+
   // POST /models/{action} for one model; what the router answered goes beside the buttons.
   async function act(action, model, said) {
-    const key = localStorage.getItem(KEY_STORE) || "";
-    const headers = { "Content-Type": "application/json" };
-    if (key) headers.Authorization = "Bearer " + key;
+    const headers = keyHeaders({ "Content-Type": "application/json" });
     said.dataset.state = "sent";
     said.textContent = action === "load" ? "loading…" : "unloading…";
     try {
@@ -125,10 +129,9 @@
   }
 
   async function refresh() {
-    const key = localStorage.getItem(KEY_STORE) || "";
     try {
       const response = await fetch("plan", {
-        headers: key ? { Authorization: "Bearer " + key } : {},
+        headers: keyHeaders(),
         cache: "no-store",
       });
       if (!response.ok) throw new Error("/plan answered " + response.status);
