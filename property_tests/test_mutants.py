@@ -22,6 +22,7 @@ from statemachine import Settings
 
 from .strategies import claim_settings, replica_choice_settings
 from .test_affinity_machine import AffinityMachine
+from .test_placement_machine import PlacementMachine
 from .test_scheduler_machine import SchedulerMachine
 
 
@@ -54,8 +55,8 @@ FOCUSED: dict[str, type[SchedulerMachine]] = {
 MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "dispatch ignores held GPUs": (
         "passes",
-        "        if blocked.intersection(spec.gpus):\n            continue\n",
-        "",
+        "replica = w.free_replica(name, request.prefix, blocked)",
+        "replica = w.free_replica(name, request.prefix)",
         ("INV-ORDER",),
     ),
     "a claim holds no GPUs": (
@@ -140,14 +141,14 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     "an exact fit is refused": (
         "work",
-        "return budget is None or used <= budget",
-        "return budget is None or used < budget",
+        "return budget is None or used + self.foreign_on(gpu) <= budget",
+        "return budget is None or used + self.foreign_on(gpu) < budget",
         ("INV-LOAD-FITS", "INV-EVICT-NEED"),
     ),
     "loadable flips a sign": (
         "room",
-        "- need * live",
-        "+ need * live",
+        "mine = need * live if own is None",
+        "mine = -need * live if own is None",
         ("INV-WAKE-EARLIEST", "INV-UNSERVABLE", "INV-LOAD-FITS"),
     ),
     "Startup spawns every replica again": (
@@ -176,8 +177,8 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     "a spawn forgets its request": (
         "passes",
-        "'{request.target}'\", request.rid)",
-        "'{request.target}'\", None)",
+        "w.spawn(to_load, reason, request.rid)",
+        "w.spawn(to_load, reason, None)",
         ("INV-CAUSE",),
     ),
     "a refused dispatch of a removed target answered model_unavailable": (
@@ -214,6 +215,41 @@ AFFINITY_MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
         "if not (len(known) <= len(chain) and chain[: len(known)] == known)",
         "if known != chain",
         ("INV-AFFINITY-MEMORY",),
+    ),
+}
+
+
+# The same, for placement by the scheduler: caught by PlacementMachine (mixed cards, other processes).
+PLACEMENT_MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
+    "placement splits a model that fits one card": (
+        "placement",
+        "if size is not None and len(choice.gpus) > size:",
+        "if size is not None and len(choice.gpus) > size + 1:",
+        ("INV-PLACE-SMALLEST",),
+    ),
+    "placement evicts while a card has room": (
+        "placement",
+        "not blocked.isdisjoint(gpus), not fits, mine,",
+        "not blocked.isdisjoint(gpus), False, mine,",
+        ("INV-PLACE-ROOM",),
+    ),
+    "replicas do not spread": (
+        "placement",
+        "mine = _here(w, spec.name, gpus) if spec.spread",
+        "mine = 0 if spec.spread",
+        ("INV-PLACE-SPREAD",),
+    ),
+    "loads ignore other processes' memory": (
+        "work",
+        "return budget is None or used + self.foreign_on(gpu) <= budget",
+        "return budget is None or used <= budget",
+        ("INV-PLACE-BUDGET",),
+    ),
+    "residents are evicted for other processes' memory": (
+        "room",
+        "if w.overcommitted(gpu):",
+        "if False:",
+        ("INV-FOREIGN",),
     ),
 }
 
@@ -262,13 +298,16 @@ def mutated(module_name: str, original: str, broken: str) -> Iterator[None]:
         vars(module).update(saved)
 
 
-@pytest.mark.parametrize("name", sorted(MUTANTS) + sorted(AFFINITY_MUTANTS))
+@pytest.mark.parametrize("name", sorted(MUTANTS) + sorted(AFFINITY_MUTANTS) + sorted(PLACEMENT_MUTANTS))
 def test_a_broken_scheduler_is_caught(name: str) -> None:
     # checks: INV-ORDER INV-LEAST-LOADED INV-KILL-IDLE INV-INDEX INV-LOAD-FAILURE INV-POOL-PRIORITY INV-RELOAD
     # checks: INV-WAKE-EARLIEST INV-VICTIM INV-EVICT-NEED INV-LOAD-FITS INV-REPLICAS INV-ANSWER INV-CAUSE
     # checks: INV-AFFINITY-GUARD INV-AFFINITY-LONGEST INV-AFFINITY-MEMORY INV-FAILING
+    # checks: INV-PLACE-SMALLEST INV-PLACE-ROOM INV-PLACE-SPREAD INV-PLACE-BUDGET INV-FOREIGN
     machine = SchedulerMachine if name in MUTANTS else AffinityMachine
-    module_name, original, broken, ids = MUTANTS.get(name) or AFFINITY_MUTANTS[name]
+    if name in PLACEMENT_MUTANTS:
+        machine = PlacementMachine
+    module_name, original, broken, ids = (MUTANTS | AFFINITY_MUTANTS | PLACEMENT_MUTANTS)[name]
     search = settings(
         max_examples=int(os.environ.get("MUTANT_EXAMPLES", "1000")),
         stateful_step_count=50,

@@ -23,6 +23,7 @@ from .events import (
     ClientGone,
     DispatchFailed,
     Event,
+    ForeignMemory,
     LoadFailed,
     LoadRequested,
     PeerFailed,
@@ -49,7 +50,7 @@ from .queries import (
     serving_models,
 )
 from .scheduler import run, step
-from .settings import DeviceSpec, ModelSpec, PeerSpec, Policy, PoolSpec, Settings
+from .settings import DeviceSpec, ModelSpec, PeerSpec, Placement, Policy, PoolSpec, Settings
 from .state import Replica, ReplicaPhase, Request, RequestPhase, State, initial_state
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "DispatchFailed",
     "Event",
     "Eviction",
+    "ForeignMemory",
     "Forward",
     "IllegalEvent",
     "InvariantViolation",
@@ -72,6 +74,7 @@ __all__ = [
     "PeerFailed",
     "PeerSpec",
     "PeerState",
+    "Placement",
     "Policy",
     "PoolSpec",
     "Reject",

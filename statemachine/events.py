@@ -149,6 +149,16 @@ class SettingsChanged:
 
 
 @attrs.frozen
+class ForeignMemory:
+    """Other processes (a desktop, a game, a training job) hold ``bytes`` of ``gpu`` beyond what its budget
+    already leaves them (0: no more than that). Loads count them against the budget: a load that no longer
+    fits waits, or goes to another card (``gpus = "any"``). Residents are never stopped for them."""
+
+    gpu: int
+    bytes: int
+
+
+@attrs.frozen
 class ShutdownRequested:
     """Stop admitting; in-flight work may run until ``deadline``; then everything is killed."""
 
@@ -171,5 +181,6 @@ Event = (
     | PeerFailed
     | PeerState
     | SettingsChanged
+    | ForeignMemory
     | ShutdownRequested
 )

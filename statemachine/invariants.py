@@ -42,8 +42,8 @@ def check(state: State) -> None:
         if replica.inflight and replica.phase == STOPPING and not replica.forced:
             _fail("INV-KILL-IDLE", f"replica {replica.id} was killed with requests in flight")
         _check_memory(replica.id, replica.memory, settings.policy.affinity_memory * spec.slots)
-        if tuple(replica.gpus) != tuple(spec.gpus):
-            _fail("INV-GPUS", f"replica {replica.id} runs on {replica.gpus}, model says {spec.gpus}")
+        if not spec.runs_on(replica.gpus):
+            _fail("INV-GPUS", f"replica {replica.id} runs on {replica.gpus}: no GPU set of {spec.name}")
         for rid in replica.inflight:
             request = state.requests.get(rid)
             if request is None or request.phase != INFLIGHT or request.replica != replica.id:

@@ -15,8 +15,9 @@
 from __future__ import annotations
 
 from .commands import Eviction, KillCause
+from .placement import placed_load, spawn_fitting
 from .queries import serving_models
-from .room import choose_victims, loadable
+from .room import choose_victims
 from .state import LOADING, STOPPING, Request
 from .work import Work
 
@@ -33,18 +34,20 @@ def load_wanted(w: Work, reserved: set[int], protected: set[str], wake: list[flo
         if live >= spec.replicas or (live and name in w.failing):
             w.wanted.remove(name)  # started already, or settling after a failure
             continue
-        count = loadable(w, spec, live)
-        if not count:
+        loading = {r.model for r in w.replicas.values() if r.phase == LOADING}  # a load is never cut short
+        load = placed_load(w, spec, live, reserved, protected | loading)
+        if load is None:
             w.wanted.remove(name)  # pinned models leave it no room: it can never load
             continue
+        spec, count = load
         if reserved.intersection(spec.gpus) or w.has_queued(name):
             continue  # requests wait for a load there, or for this model: theirs go first
         if all(w.fits(spec, g, count, set(), count_stopping=True) for g in spec.gpus):
             for _ in range(count):
                 w.spawn(spec, "load requested", None)
+            spawn_fitting(w, w.model(name), reserved, "load requested", None)
             w.wanted.remove(name)
             continue
-        loading = {r.model for r in w.replicas.values() if r.phase == LOADING}  # a load is never cut short
         victims = choose_victims(w, None, spec, count, protected | loading, wake)
         if not victims or any(r.inflight for v in victims for r in w.replicas_of(v)):
             continue  # it waits for room: busy residents are never stopped for a load asked for

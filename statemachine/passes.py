@@ -19,8 +19,9 @@ import math
 from .commands import Eviction, KillCause, RejectCode, Stopped, WakeAt
 from .loads import load_wanted
 from .order import Rank, claim_time
+from .placement import placed_load, spawn_fitting
 from .queries import serving_models
-from .room import choose_victims, loadable
+from .room import choose_victims
 from .settings import ModelSpec
 from .state import LOADING, STOPPING, Request
 from .swaps import Batches, batch_full, hold_until
@@ -135,17 +136,15 @@ def _place(
                 w.forward(request, spec.peer, name)
                 return
             continue
-        if blocked.intersection(spec.gpus):
-            continue
-        replica = w.free_replica(name, request.prefix)
+        replica = w.free_replica(name, request.prefix, blocked)
         if replica is not None:
             w.dispatch(request, replica, name)
-            batches.passed(spec.gpus, blocked)
+            batches.passed(replica.gpus, blocked)
             return
     if request.overflow:
         return
     protected.update(names)
-    load = _to_load(w, names)
+    load = _to_load(w, names, blocked, protected, request)
     if load is None:
         # A peer model at its in-flight limit frees up by itself: the request waits for it.
         if not any(w.live_replicas(name) or w.model(name).remote for name in names):
@@ -159,8 +158,10 @@ def _place(
     claiming = w.now >= due or batch_full(w, request)
     gpus = set(to_load.gpus)
     if not (blocked & gpus) and all(w.fits(to_load, g, count, set(), count_stopping=True) for g in gpus):
+        reason = f"request {request.rid} for '{request.target}'"
         for _ in range(count):
-            w.spawn(to_load, f"request {request.rid} for '{request.target}'", request.rid)
+            w.spawn(to_load, reason, request.rid)
+        spawn_fitting(w, w.model(to_load.name), blocked, reason, request.rid)
         return
     batches.reserved.update(gpus)
     if not claiming:
@@ -202,9 +203,12 @@ def _all_busy(w: Work, names: list[str]) -> bool:
     return True
 
 
-def _to_load(w: Work, names: list[str]) -> tuple[ModelSpec, int] | None:
-    """The first candidate that lacks replicas and could ever get one, with how many more it can have. A
-    model whose last load failed while others of it still load or serve gets none until that settles."""
+def _to_load(
+    w: Work, names: list[str], blocked: set[int], protected: set[str], request: Request
+) -> tuple[ModelSpec, int] | None:
+    """The first candidate that lacks replicas and could ever get one, bound to the GPUs it loads on, with
+    how many more it can have there. A model whose last load failed while others of it still load or serve
+    gets none until that settles."""
     for name in names:
         spec = w.model(name)
         if spec.remote:
@@ -212,9 +216,9 @@ def _to_load(w: Work, names: list[str]) -> tuple[ModelSpec, int] | None:
         live = len(w.live_replicas(name))
         if live >= spec.replicas or (live and name in w.failing):
             continue
-        count = loadable(w, spec, live)
-        if count:
-            return spec, count
+        load = placed_load(w, spec, live, blocked, protected, request)
+        if load is not None:
+            return load
     return None
 
 
@@ -252,6 +256,13 @@ def _unloadable_reason(w: Work, spec: ModelSpec | None) -> str:
     """Why ``spec`` can never get a replica: pinned models fill its GPUs, or it needs more than they hold."""
     if spec is None:
         return "no model can serve this request"
+    if spec.chooses:
+        sets = "; ".join(",".join(map(str, c.gpus)) for c in spec.choices)
+        return (
+            f"model '{spec.name}' cannot be loaded on any GPU set it may use ({sets}): pinned models hold "
+            "them or its memory need exceeds what their budgets leave beside pinned models; unpin a model, "
+            "or choose a smaller quant or context"
+        )
     where = ", ".join(map(str, spec.gpus))
     for gpu in spec.gpus:
         pinned = sorted(

@@ -84,7 +84,7 @@ def residents(state: State, gpu: int) -> set[str]:
 
 def used(state: State, gpu: int) -> int:
     """The predicted bytes of ``gpu`` its replicas hold, each counted with the spec it runs with."""
-    return sum(state.spec_of(r).need_on(gpu) for r in state.replicas if gpu in r.gpus)
+    return sum(state.spec_of(r).need_for(r.gpus, gpu) for r in state.replicas if gpu in r.gpus)
 
 
 def queued(state: State) -> list[Request]:

@@ -8,8 +8,9 @@ from .swaps import young
 from .work import Work
 
 
-def loadable(w: Work, spec: ModelSpec, live: int) -> int:
-    """How many replicas beyond the ``live`` ones could run beside the pinned residents (up to the total)."""
+def loadable(w: Work, spec: ModelSpec, live: int, own: dict[int, int] | None = None) -> int:
+    """How many replicas beyond the ``live`` ones could run beside the pinned residents (up to the total);
+    ``own``: the bytes the live ones hold on each GPU (None: each holds ``spec``'s need on every GPU)."""
     cap = w.policy.max_models_per_gpu
     best = spec.replicas - live
     for gpu in spec.gpus:
@@ -28,7 +29,8 @@ def loadable(w: Work, spec: ModelSpec, live: int) -> int:
         need = spec.need_on(gpu)
         if budget is None or need == 0:
             continue
-        room = budget - sum(w.spec_of(r).need_on(gpu) for r in pinned) - need * live
+        mine = need * live if own is None else own.get(gpu, 0)
+        room = budget - sum(w.spec_of(r).need_for(r.gpus, gpu) for r in pinned) - mine
         best = min(best, max(room // need, 0))
     return best
 
@@ -44,6 +46,8 @@ def choose_victims(
     leaving = {r.model for r in w.replicas.values() if r.phase == STOPPING or r.draining}
     gone = leaving - {r.model for r in w.replicas.values() if r.phase != STOPPING and not r.draining}
     for gpu in spec.gpus:
+        if w.overcommitted(gpu):
+            return None  # other processes took what its residents hold: no resident leaves for that
         while not w.fits(spec, gpu, missing, gone | set(victims), count_stopping=False):
             choices = {
                 r.model

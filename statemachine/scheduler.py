@@ -19,6 +19,7 @@ from .events import (
     ClientGone,
     DispatchFailed,
     Event,
+    ForeignMemory,
     LoadFailed,
     LoadRequested,
     PeerFailed,
@@ -36,6 +37,7 @@ from .events import (
 )
 from .loads import abandon
 from .passes import candidates, fail_waiters, no_peer_answer, schedule
+from .placement import spawn_fitting
 from .queries import serving_models
 from .recovery import dispatch_failed, peer_failed, peer_state
 from .state import INFLIGHT, LOADING, QUEUED, READY, STOPPING, Replica, Request, State
@@ -80,7 +82,9 @@ def _startup(w: Work, e: Startup) -> None:
         if live and spec.name in w.failing:
             continue
         missing = spec.replicas - live
-        if missing > 0 and all(w.fits(spec, g, missing, set(), count_stopping=True) for g in spec.gpus):
+        if spec.chooses:
+            spawn_fitting(w, spec, set(), "load on startup", None)
+        elif missing > 0 and all(w.fits(spec, g, missing, set(), count_stopping=True) for g in spec.gpus):
             for _ in range(missing):
                 w.spawn(spec, "load on startup", None)
 
@@ -259,8 +263,8 @@ def _settings_changed(w: Work, e: SettingsChanged) -> None:
         m
         for m in old.models
         if m in new.models
-        and (old.models[m].gpus, old.models[m].slots, old.models[m].need)
-        != (new.models[m].gpus, new.models[m].slots, new.models[m].need)
+        and (old.models[m].gpus, old.models[m].slots, old.models[m].need, old.models[m].choices)
+        != (new.models[m].gpus, new.models[m].slots, new.models[m].need, new.models[m].choices)
     }
     retire = removed | moved | set(e.restart)
     for replica in list(w.replicas.values()):
@@ -286,6 +290,12 @@ def _settings_changed(w: Work, e: SettingsChanged) -> None:
             w.reject(request, RejectCode.MODEL_NOT_FOUND, message)
 
 
+def _foreign(w: Work, e: ForeignMemory) -> None:
+    if e.bytes < 0:
+        raise IllegalEvent(f"ForeignMemory({e.gpu}, {e.bytes}): a negative amount")
+    w.foreign = w.foreign.set(e.gpu, e.bytes) if e.bytes else w.foreign.discard(e.gpu)
+
+
 def _shutdown(w: Work, e: ShutdownRequested) -> None:
     w.deadline = e.deadline if w.deadline is None else min(w.deadline, e.deadline)
     w.shutting_down = True
@@ -309,5 +319,6 @@ _RULES: dict[type, Callable[[Work, Any], None]] = {
     PeerFailed: peer_failed,
     PeerState: peer_state,
     SettingsChanged: _settings_changed,
+    ForeignMemory: _foreign,
     ShutdownRequested: _shutdown,
 }

@@ -18,6 +18,15 @@ def _need_converter(value: Mapping[int, int] | None) -> PMap[int, int]:
 
 
 @attrs.frozen
+class Placement:
+    """One GPU set a model chosen by the scheduler (``ModelSpec.choices``) may run a replica on, with the
+    bytes that replica takes on each of those GPUs."""
+
+    gpus: tuple[int, ...]
+    need: PMap[int, int] = attrs.field(factory=pmap, converter=_need_converter)
+
+
+@attrs.frozen
 class ModelSpec:
     """One model as the scheduler sees it.
 
@@ -25,6 +34,11 @@ class ModelSpec:
     unknown need only counts against the residency cap). ``ctx_per_slot`` is the context one slot holds
     (None: unknown, never a reason to refuse). ``refusal`` is set when placement decided the model can never
     fit its GPUs; requests for it are refused with that text.
+
+    ``choices``: the GPU sets the scheduler may choose from at each load (``gpus = "any"``), each with its
+    own need; empty for a model bound to ``gpus``. A model with choices has ``gpus`` = every GPU of its
+    choices (``anywhere`` builds it) and no ``need`` of its own; each replica's need is its set's
+    (``need_for``). ``spread``: its replicas prefer GPU sets that hold none of it yet.
     """
 
     name: str
@@ -38,6 +52,40 @@ class ModelSpec:
     load_on_startup: bool = False
     refusal: str | None = None
     peer: str | None = None
+    choices: tuple[Placement, ...] = ()
+    spread: bool = True
+    choice_table: dict[tuple[int, ...], Placement] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "choice_table", {c.gpus: c for c in self.choices})
+
+    @classmethod
+    def anywhere(
+        cls, name: str, choices: tuple[Placement, ...] | list[Placement], **kwargs: object
+    ) -> ModelSpec:
+        """A model the scheduler places on one of ``choices`` at each load."""
+        gpus = tuple(sorted({g for c in choices for g in c.gpus}))
+        return cls(name, gpus=gpus, choices=tuple(choices), **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def chooses(self) -> bool:
+        """Placed by the scheduler at each load (``choices``), not bound to ``gpus``."""
+        return bool(self.choices)
+
+    def placed(self, choice: Placement) -> ModelSpec:
+        """This model bound to one of its choices, as a load on that set sees it."""
+        return attrs.evolve(self, gpus=choice.gpus, need=choice.need, choices=())
+
+    def need_for(self, gpus: tuple[int, ...], gpu: int) -> int:
+        """The bytes a replica of this model running on ``gpus`` takes on ``gpu``."""
+        if self.choices:
+            choice = self.choice_table.get(gpus)
+            return 0 if choice is None else choice.need.get(gpu, 0)
+        return self.need.get(gpu, 0)
+
+    def runs_on(self, gpus: tuple[int, ...]) -> bool:
+        """Whether a replica of this model may run on ``gpus``: its own set, or one of its choices."""
+        return gpus in self.choice_table if self.choices else tuple(gpus) == tuple(self.gpus)
 
     @property
     def remote(self) -> bool:

@@ -143,6 +143,9 @@ class State:
     # Model -> the idle time its latest request asked for (RequestArrived.keep_alive), in place of its ttl
     # until its residency ends.
     keep_alive: PMap[str, float] = attrs.field(factory=pmap)
+    # GPU -> bytes other processes hold there beyond what its budget leaves them (ForeignMemory): loads
+    # count them against the budget; residents are never stopped for them.
+    foreign: PMap[int, int] = attrs.field(factory=pmap)
     # A cache for step(): replicas by model and each model's (free slot?, live replicas). Trusted only for the
     # very ``replicas`` tuple and ``settings`` it was built for; never part of equality or repr.
     index: ReplicaIndex | None = attrs.field(default=None, eq=False, repr=False)

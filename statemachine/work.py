@@ -73,6 +73,7 @@ class Work:
         self.load_seconds = state.load_seconds.evolver()
         self.wanted: list[str] = list(state.wanted)
         self.keep_alive = state.keep_alive.evolver()
+        self.foreign = state.foreign
         heads = state.heads
         self.heads = heads if isinstance(heads, HeadIndex) and heads.owner is state else HeadIndex()
         self.overflow: list[tuple[int, RejectCode]] = []  # admitted over a bound: rejected unless they go now
@@ -106,6 +107,7 @@ class Work:
             load_seconds=self.load_seconds.persistent(),
             wanted=tuple(self.wanted),
             keep_alive=self.keep_alive.persistent(),
+            foreign=self.foreign,
             index=ReplicaIndex(replicas, self.settings, self.by_model, self.memo),
             heads=self.heads,
         )
@@ -155,8 +157,9 @@ class Work:
         """Replicas that serve or will serve: loading or ready, not draining, not stopping."""
         return [r for r in self.replicas_of(model) if r.phase != STOPPING and not r.draining]
 
-    def free_replica(self, model: str, prefix: Chain = ()) -> Replica | None:
-        """The ready replica with a free slot that gets a request with prefix chain ``prefix``.
+    def free_replica(self, model: str, prefix: Chain = (), avoid: set[int] | None = None) -> Replica | None:
+        """The ready replica with a free slot that gets a request with prefix chain ``prefix`` (none on a GPU
+        in ``avoid``).
 
         Least busy: the fewest requests in flight, ties to the lowest id. With a chain, the replicas at most
         ``affinity_guard`` busier than that compete on the longest part of the chain they remember; the least
@@ -171,6 +174,8 @@ class Work:
             r = replicas[i]
             load = len(r.inflight)
             if load < best_load and r.phase == READY and not r.draining:
+                if avoid and not avoid.isdisjoint(r.gpus):
+                    continue
                 best, best_load = r, load
         if best is None or not prefix:
             return best
@@ -180,6 +185,8 @@ class Work:
             r = replicas[i]
             load = len(r.inflight)
             if load > limit or not r.memory or r.phase != READY or r.draining:
+                continue
+            if avoid and not avoid.isdisjoint(r.gpus):
                 continue
             match = shared(r.memory, prefix)
             if match > chosen_match or (match == chosen_match and match and load < chosen_load):
@@ -406,8 +413,26 @@ class Work:
             if gpu not in r.gpus or r.model in gone or (r.phase == STOPPING and not count_stopping):
                 continue
             residents.add(r.model)
-            used += self.spec_of(r).need_on(gpu)
+            used += self.spec_of(r).need_for(r.gpus, gpu)
         if len(residents) > self.policy.max_models_per_gpu:
             return False
         budget = self.settings.budget(gpu)
-        return budget is None or used <= budget
+        return budget is None or used + self.foreign_on(gpu) <= budget
+
+    def overcommitted(self, gpu: int) -> bool:
+        """Other processes' memory and the needs of the replicas that stay (not stopping) exceed ``gpu``'s
+        budget: loads there wait, and no resident is evicted for them, until that memory is back."""
+        budget = self.settings.budget(gpu)
+        if budget is None or not self.foreign_on(gpu):
+            return False
+        staying = sum(
+            self.spec_of(r).need_for(r.gpus, gpu)
+            for r in self.replicas.values()
+            if gpu in r.gpus and r.phase != STOPPING
+        )
+        return staying + self.foreign_on(gpu) > budget
+
+    def foreign_on(self, gpu: int) -> int:
+        """Bytes of ``gpu`` other processes hold beyond what its budget leaves them (ForeignMemory)."""
+        foreign = self.foreign
+        return foreign[gpu] if gpu in foreign else 0  # noqa: SIM401 (a persistent map)

@@ -84,7 +84,7 @@ def test_replica_ids_slots_phase_and_gpus() -> None:
     fails(with_replica(state, phase="loading"), "INV-READY", "is loading with requests in flight")
     fails(with_replica(state, phase="stopping"), "INV-KILL-IDLE", "killed with requests in flight")
     check(with_replica(state, phase="stopping", forced=True))
-    fails(with_replica(state, gpus=(1,)), "INV-GPUS", "runs on (1,)")
+    fails(with_replica(state, gpus=(1,)), "INV-GPUS", "runs on (1,): no GPU set of")
 
 
 def test_a_failing_model_keeps_a_replica_that_neither_stops_nor_drains() -> None:

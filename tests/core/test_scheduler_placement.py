@@ -1,0 +1,238 @@
+"""Scheduler scenarios: models with ``gpus = "any"`` (``ModelSpec.choices``), placed by the scheduler at each
+load (spec §4d), and memory other processes hold (``ForeignMemory``).
+
+Cards of 24, 12 and 8 GiB (GPUs 0, 1, 2) unless said otherwise; a model of 7 GiB fits any of them alone.
+"""
+
+from __future__ import annotations
+
+from statemachine import (
+    DeviceSpec,
+    Dispatch,
+    ForeignMemory,
+    ModelSpec,
+    Placement,
+    Policy,
+    ReplicaExited,
+    ReplicaReady,
+    RequestArrived,
+    RequestFinished,
+    Settings,
+    Spawn,
+    Startup,
+    Tick,
+    initial_state,
+    step,
+)
+from statemachine.invariants import check
+from statemachine.queries import used
+from tests.support.scenario import evict, play, spawn
+
+GIB = 1 << 30
+CARDS = (24, 12, 8)
+
+
+def sets(cards: tuple[int, ...] = CARDS, size: int = 1) -> list[tuple[int, ...]]:
+    """Every set of ``size`` GPU ids among ``cards``."""
+    ids = range(len(cards))
+    if size == 1:
+        return [(g,) for g in ids]
+    return [(a, b) for a in ids for b in ids if a < b]
+
+
+def anywhere(name: str, gib: float, cards: tuple[int, ...] = CARDS, **kwargs: object) -> ModelSpec:
+    """A model of ``gib`` GiB that may run on one card, or split evenly over two."""
+    whole = int(gib * GIB)
+    choices = [Placement(s, {s[0]: whole}) for s in sets(cards)]
+    choices += [Placement(s, {g: whole // 2 + GIB // 2 for g in s}) for s in sets(cards, 2)]
+    return ModelSpec.anywhere(name, choices, **kwargs)
+
+
+def cards(*models: ModelSpec, sizes: tuple[int, ...] = CARDS, **policy: object) -> Settings:
+    devices = [DeviceSpec(i, size * GIB) for i, size in enumerate(sizes)]
+    return Settings(models=list(models), devices=devices, policy=Policy(**policy))  # type: ignore[arg-type]
+
+
+def test_each_model_goes_to_the_card_with_the_most_free_memory() -> None:
+    """One model per card (the default cap): 24 GiB first, then 12, then 8; a fourth model swaps."""
+    settings = cards(anywhere("a", 7), anywhere("b", 7), anywhere("c", 7), anywhere("d", 7))
+    play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1, gpus=(0,))]),
+            (RequestArrived(2, "b"), [spawn(2, "b", 2, gpus=(1,))]),
+            (RequestArrived(3, "c"), [spawn(3, "c", 3, gpus=(2,))]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (ReplicaReady(2), [Dispatch(2, 2, "b")]),
+            (ReplicaReady(3), [Dispatch(3, 3, "c")]),
+            (RequestFinished(1), []),
+            (RequestFinished(3), []),
+            (Tick(1.0), []),
+            (RequestFinished(2), []),
+            # Every card holds one idle model: d evicts the one idle longest whose card has the most memory.
+            (RequestArrived(4, "d"), [evict(1, "a", "d", gpus=(0,))]),
+            (ReplicaExited(1, "evicted"), [spawn(4, "d", 4, gpus=(0,))]),
+        ],
+    )
+
+
+def test_a_card_with_room_is_used_before_anything_is_evicted() -> None:
+    # checks: INV-PLACE-ROOM
+    """Two models per card: b joins a on the big card rather than evict; a third 12 GiB model goes where
+    it fits (the 12 GiB card), not where it would need a swap."""
+    settings = cards(anywhere("a", 7), anywhere("b", 7), anywhere("c", 11), max_models_per_gpu=2)
+    play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1, gpus=(0,))]),
+            (RequestArrived(2, "b"), [spawn(2, "b", 2, gpus=(0,))]),
+            (RequestArrived(3, "c"), [spawn(3, "c", 3, gpus=(1,))]),
+        ],
+    )
+
+
+def test_a_model_too_big_for_any_card_is_split_over_the_fewest() -> None:
+    # checks: INV-PLACE-SMALLEST
+    """20 GiB on two 12 GiB cards: split, since no single card holds it."""
+    big = ModelSpec.anywhere("big", [Placement((0, 1), {0: 10 * GIB, 1: 10 * GIB})])
+    settings = cards(big, sizes=(12, 12))
+    play(settings, [(RequestArrived(1, "big"), [spawn(1, "big", 1, gpus=(0, 1))])])
+
+
+def test_one_card_is_preferred_to_a_split_even_when_it_needs_a_swap() -> None:
+    # checks: INV-PLACE-SMALLEST
+    """b fits either 12 GiB card alone but a holds one and the other holds c: one card, by a swap (of the
+    model idle longest), rather than a split over both."""
+    settings = cards(
+        anywhere("a", 7, (12, 12)), anywhere("b", 7, (12, 12)), anywhere("c", 7, (12, 12)), sizes=(12, 12)
+    )
+    play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1, gpus=(0,))]),
+            (RequestArrived(2, "c"), [spawn(2, "c", 2, gpus=(1,))]),
+            (ReplicaReady(2), [Dispatch(2, 2, "c")]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (RequestFinished(2), []),
+            (Tick(1.0), []),
+            (RequestFinished(1), []),
+            (RequestArrived(3, "b"), [evict(2, "c", "b", gpus=(1,))]),
+        ],
+    )
+
+
+def test_a_busy_card_is_left_alone_when_an_idle_one_can_be_swapped() -> None:
+    """a is busy on the 24 GiB card, c idle on the 8: b evicts c, though a was used less recently."""
+    two = (24, 8)
+    settings = cards(anywhere("a", 7, two), anywhere("b", 7, two), anywhere("c", 7, two), sizes=two)
+    play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1, gpus=(0,))]),
+            (RequestArrived(2, "c"), [spawn(2, "c", 2, gpus=(1,))]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (ReplicaReady(2), [Dispatch(2, 2, "c")]),
+            (Tick(1.0), []),
+            (RequestFinished(2), []),
+            (RequestArrived(3, "b"), [evict(2, "c", "b", gpus=(1,))]),
+        ],
+    )
+
+
+def test_replicas_spread_over_cards() -> None:
+    # checks: INV-PLACE-SPREAD
+    """Three replicas of one model: one per card, all started by the first request."""
+    settings = cards(anywhere("a", 7, replicas=3, slots=1))
+    play(
+        settings,
+        [
+            (
+                RequestArrived(1, "a"),
+                [spawn(1, "a", 1, gpus=(0,)), spawn(2, "a", 1, gpus=(1,)), spawn(3, "a", 1, gpus=(2,))],
+            ),
+        ],
+    )
+
+
+def test_without_spread_replicas_go_where_the_most_memory_is_free() -> None:
+    """24 GiB free, then 17 (beside the first replica), then 10 against the 12 GiB card's 12."""
+    settings = cards(anywhere("a", 7, replicas=3, slots=1, spread=False), max_models_per_gpu=2)
+    play(
+        settings,
+        [
+            (
+                RequestArrived(1, "a"),
+                [spawn(1, "a", 1, gpus=(0,)), spawn(2, "a", 1, gpus=(0,)), spawn(3, "a", 1, gpus=(1,))],
+            ),
+        ],
+    )
+
+
+def test_startup_places_pinned_models_on_different_cards() -> None:
+    settings = cards(anywhere("a", 7, pinned=True), anywhere("b", 7, pinned=True))
+    play(
+        settings,
+        [
+            (
+                Startup(),
+                [
+                    Spawn(1, "a", (0,), "load on startup", None),
+                    Spawn(2, "b", (1,), "load on startup", None),
+                ],
+            ),
+        ],
+    )
+
+
+def test_other_processes_memory_sends_the_next_load_to_another_card() -> None:
+    # checks: INV-PLACE-BUDGET
+    """20 GiB of the big card taken by another process: a goes to the 12 GiB card, with nothing failed."""
+    settings = cards(anywhere("a", 7))
+    play(
+        settings,
+        [
+            (ForeignMemory(0, 20 * GIB), []),
+            (RequestArrived(1, "a"), [spawn(1, "a", 1, gpus=(1,))]),
+        ],
+    )
+
+
+def test_a_fixed_model_waits_for_foreign_memory_to_leave_and_residents_stay() -> None:
+    # checks: INV-FOREIGN
+    """b is bound to GPU 0: while another process holds so much of the card that even without a there would
+    be no room, b waits and the idle resident a is not stopped; once the memory is back, b loads beside a."""
+    a = ModelSpec("a", gpus=(0,), need={0: 7 * GIB})
+    b = ModelSpec("b", gpus=(0,), need={0: 7 * GIB})
+    settings = cards(a, b, sizes=(24,), max_models_per_gpu=2)
+    state = play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (ForeignMemory(0, 18 * GIB), []),
+            (RequestArrived(2, "b"), []),
+            (RequestFinished(1), []),
+            (Tick(100.0), []),
+            (ForeignMemory(0, 10 * GIB), [spawn(2, "b", 2)]),
+        ],
+    )
+    assert used(state, 0) == 14 * GIB
+
+
+def test_foreign_memory_is_checked_and_forgotten_at_zero() -> None:
+    state = initial_state(cards(anywhere("a", 7)))
+    state, _ = step(state, ForeignMemory(1, GIB))
+    assert dict(state.foreign) == {1: GIB}
+    state, _ = step(state, ForeignMemory(1, 0))
+    assert dict(state.foreign) == {}
+    check(state)
+
+
+def test_the_choice_depends_on_the_state_alone() -> None:
+    # checks: INV-PLACE-ORDERLESS
+    """The same events give the same placements, whatever order the choices were listed in."""
+    forward = anywhere("a", 7)
+    backward = ModelSpec.anywhere("a", list(reversed(forward.choices)))
+    for spec in (forward, backward):
+        _, commands = step(initial_state(cards(spec)), RequestArrived(1, "a"))
+        assert commands == (spawn(1, "a", 1, gpus=(0,)),)
