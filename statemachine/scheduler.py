@@ -41,7 +41,7 @@ from .placement import spawn_fitting
 from .queries import serving_models
 from .recovery import dispatch_failed, peer_failed, peer_state
 from .state import INFLIGHT, LOADING, QUEUED, READY, STOPPING, Replica, Request, State
-from .work import Work
+from .work import EMPTY_COUNTS, Work
 
 
 def step(state: State, event: Event) -> tuple[State, tuple[Command, ...]]:
@@ -274,6 +274,7 @@ def _settings_changed(w: Work, e: SettingsChanged) -> None:
     limit = new.policy.swap_batch_max  # counts of overtakes past a new, lower bound claim at once
     w.overtaken = {} if limit is None else {rid: min(n, limit) for rid, n in w.overtaken.items()}
     w.memo.clear()
+    w.foreign = EMPTY_COUNTS  # the new budgets were planned with the memory other processes hold now
     for peer in [p for p in w.peers_down if p not in new.peers]:
         del w.peers_down[peer]
     for replica in sorted(w.replicas.values(), key=lambda r: r.id):

@@ -49,6 +49,7 @@ from router.config.tables import (
 )
 from router.config.values import (
     ALL_GPUS,
+    ANY_GPUS,
     Config,
     ConfigError,
     DeviceConfig,
@@ -66,6 +67,7 @@ from router.config.values import (
 
 __all__ = [
     "ALL_GPUS",
+    "ANY_GPUS",
     "Config",
     "ConfigError",
     "DeviceConfig",
@@ -420,11 +422,12 @@ def resolve_name(config: Config, name: str) -> str | None:
 
 
 def resolve_gpus(model: ModelConfig, gpu_ids: Sequence[int]) -> tuple[int, ...]:
-    """The GPU ids of a model: every id in ``gpu_ids`` for "all", else the configured ids unchanged.
+    """The GPU ids of a model: every id in ``gpu_ids`` for "all" (and for "any", the GPUs the scheduler
+    chooses among), else the configured ids unchanged.
 
     Configured ids are not checked against ``gpu_ids`` here; ``check_gpu_ids`` does that once at startup.
     """
-    if model.gpus == ALL_GPUS:
+    if model.gpus in (ALL_GPUS, ANY_GPUS):
         return tuple(sorted(set(gpu_ids)))
     return model.gpus
 
@@ -434,7 +437,7 @@ def check_gpu_ids(config: Config, gpu_ids: Sequence[int]) -> None:
     present = set(gpu_ids)
     shown = ", ".join(str(g) for g in sorted(present)) or "none"
     for model in config.models.values():
-        if model.gpus == ALL_GPUS:
+        if model.gpus in (ALL_GPUS, ANY_GPUS):
             continue
         missing = [gpu for gpu in model.gpus if gpu not in present]
         if missing:

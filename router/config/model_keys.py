@@ -12,9 +12,9 @@ from __future__ import annotations
 from router.config.keyspec import BOOLEAN, INTEGER, NUMBER, PATH, STRING_LIST, KeySpec
 
 # Model keys that [defaults] may also set; a model's own value wins.
-DEFAULTABLE_MODEL_KEYS: tuple[str, ...] = ("cram", "kv_store")
+DEFAULTABLE_MODEL_KEYS: tuple[str, ...] = ("cram", "kv_store", "gpus", "gpus_max", "spread")
 
-GPUS_TYPE = 'list of GPU ids, "all" or -1'
+GPUS_TYPE = 'list of GPU ids, "all", "any" or -1'
 PRICING_TYPE = "table of numbers"
 EFFORT_TYPE = "table"
 
@@ -31,11 +31,28 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
         GPUS_TYPE,
         (0,),
         'GPUs a replica spans; "all" (or -1) means every GPU the router sees. A single id may be given '
-        "without brackets. `[]` runs the model on the CPU against host memory (`-ngl 0`); with "
-        "`num_gpus = 0`, or unset on a host with no GPU at all (none read, declared or listed by "
-        "`llama-server --list-devices`), that is the default.",
-        rule='"all", -1, a GPU id, [] (CPU only), or a list of distinct GPU ids >= 0 (below `num_gpus` '
-        "when set)",
+        'without brackets. "any": the scheduler chooses at each load, one card whenever the model fits '
+        "one, else the fewest that hold it (see Placement by the scheduler). `[]` runs the model on the "
+        "CPU against host memory (`-ngl 0`); with `num_gpus = 0`, or unset on a host with no GPU at all "
+        "(none read, declared or listed by `llama-server --list-devices`), that is the default. Also "
+        "settable in `[defaults]`.",
+        rule='"all", "any", -1, a GPU id, [] (CPU only), or a list of distinct GPU ids >= 0 (below '
+        "`num_gpus` when set)",
+    ),
+    KeySpec(
+        "gpus_max",
+        INTEGER,
+        None,
+        'With `gpus = "any"`: the most GPUs one replica may be split over. Also settable in `[defaults]`.',
+        1,
+        default_text="every GPU",
+    ),
+    KeySpec(
+        "spread",
+        BOOLEAN,
+        True,
+        'With `gpus = "any"` and `num_instance` > 1: each replica prefers a card that holds none of the '
+        "model yet. Also settable in `[defaults]`.",
     ),
     KeySpec(
         "rpc",

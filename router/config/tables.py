@@ -18,6 +18,7 @@ from router.config.model_keys import DEFAULTABLE_MODEL_KEYS, EFFORT_KEYS, MODEL_
 from router.config.schema import CACHE_TYPES, DEVICE_KEYS, POOL_KEYS
 from router.config.values import (
     ALL_GPUS,
+    ANY_GPUS,
     ConfigError,
     DeviceConfig,
     FlagValue,
@@ -224,8 +225,10 @@ def parse_model_defaults(doc: Doc, table: Mapping[str, Any]) -> tuple[dict[str, 
     keys = {
         key: doc.check("defaults", specs[key], value)
         for key, value in table.items()
-        if key in DEFAULTABLE_MODEL_KEYS and value is not None
+        if key in DEFAULTABLE_MODEL_KEYS and value is not None and key != "gpus"
     }
+    if table.get("gpus") is not None:
+        keys["gpus"] = _gpus(doc, "defaults.gpus", table["gpus"], None)
     return keys, {key: value for key, value in table.items() if key not in DEFAULTABLE_MODEL_KEYS}
 
 
@@ -274,6 +277,20 @@ def parse_model(
             values["ctx"],
             f"must be >= parallel ({values['parallel']}): each slot gets ctx/parallel",
         )
+    if values["gpus"] == ANY_GPUS and values["rpc"]:
+        raise doc.invalid(
+            f"{prefix}.gpus",
+            ANY_GPUS,
+            'a model with rpc devices runs on the GPUs it names: list them (or "all"), or remove rpc',
+        )
+    if table.get("gpus_max") is None and values["gpus"] != ANY_GPUS:
+        values["gpus_max"] = None  # [defaults] gpus_max only shapes the models the scheduler places
+    if values["gpus_max"] is not None and values["gpus"] != ANY_GPUS:
+        raise doc.invalid(
+            f"{prefix}.gpus_max",
+            values["gpus_max"],
+            'only a model the scheduler places has it: set gpus = "any", or remove gpus_max',
+        )
     if values["pinned"] and values["ttl"] is not None:
         raise doc.invalid(
             f"{prefix}.ttl",
@@ -290,12 +307,14 @@ def parse_model(
 
 
 def _gpus(doc: Doc, key: str, value: Any, num_gpus: int | None) -> GpuSelection:
-    rule = 'must be "all", -1, a GPU id, [] (CPU only) or a list of distinct GPU ids (integers >= 0'
+    rule = 'must be "all", "any", -1, a GPU id, [] (CPU only) or a list of distinct GPU ids (integers >= 0'
     rule += f" and < router.num_gpus = {num_gpus})" if num_gpus is not None else ")"
     if isinstance(value, list | tuple) and not value:
         return ()  # explicitly CPU only
     if value == ALL_GPUS or (isinstance(value, int) and not isinstance(value, bool) and value == -1):
         return ALL_GPUS
+    if value == ANY_GPUS:
+        return ANY_GPUS
     ids = [value] if isinstance(value, int) and not isinstance(value, bool) else value
     if not isinstance(ids, list | tuple) or not ids:
         raise doc.invalid(key, value, rule)

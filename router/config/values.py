@@ -18,9 +18,12 @@ from router.frozenmap import FrozenMap
 
 # The value of ModelConfig.gpus that stands for every GPU the router sees; resolve with resolve_gpus().
 ALL_GPUS: Literal["all"] = "all"
+# The value of ModelConfig.gpus that lets the scheduler choose the GPUs at each load (among every GPU the
+# router sees; resolve_gpus() gives them).
+ANY_GPUS: Literal["any"] = "any"
 
-GpuSelection = tuple[int, ...] | Literal["all"]
-"""Either a sorted tuple of distinct GPU ids (never empty) or the string "all"."""
+GpuSelection = tuple[int, ...] | Literal["all", "any"]
+"""A sorted tuple of distinct GPU ids (empty: the CPU), or the string "all" or "any"."""
 
 FlagScalar = str | int | float | bool
 FlagValue = FlagScalar | tuple[str | int | float, ...]
@@ -91,8 +94,8 @@ def _tuple(value: Iterable[Any]) -> tuple[Any, ...]:
 
 
 def _gpus(value: GpuSelection | Iterable[int]) -> GpuSelection:
-    if value == ALL_GPUS:
-        return ALL_GPUS
+    if value in (ALL_GPUS, ANY_GPUS):
+        return value  # type: ignore[return-value]
     assert not isinstance(value, str)
     return tuple(sorted(set(value)))
 
@@ -101,9 +104,10 @@ def _gpus(value: GpuSelection | Iterable[int]) -> GpuSelection:
 class ModelConfig:
     """``[models.NAME]``.
 
-    ``path`` is the GGUF file (the ``model`` key). ``gpus`` is a sorted tuple of distinct ids or
-    :data:`ALL_GPUS`; ``rpc`` names ``[rpc_devices.NAME]`` tables in the order written. ``ctx`` None
-    means automatic; ``gpu_layers`` None means placement's choice;
+    ``path`` is the GGUF file (the ``model`` key). ``gpus`` is a sorted tuple of distinct ids,
+    :data:`ALL_GPUS` or :data:`ANY_GPUS` (``gpus_max`` and ``spread`` shape the scheduler's choice then);
+    ``rpc`` names ``[rpc_devices.NAME]`` tables in the order written. ``ctx`` None means automatic;
+    ``gpu_layers`` None means placement's choice;
     ``ttl`` None means never unloaded for idleness; ``cram`` (MiB of host-memory prompt cache per
     replica, ``[defaults]`` already applied) None means sized by placement. ``gpus_named`` says whether the
     table, ``[defaults]`` or ``num_gpus`` chose ``gpus`` (see ``router.deploy.cpu_host``). ``extra_args``
@@ -128,6 +132,8 @@ class ModelConfig:
     pricing: Pricing | None = None
     reasoning_effort: ReasoningEffort | None = None
     extra_args: tuple[tuple[str, FlagValue], ...] = attrs.field(default=(), converter=_tuple)
+    gpus_max: int | None = None
+    spread: bool = True
     gpus_named: bool = True  # False: gpus is the default, set by nobody (a host without GPUs moves it)
 
 

@@ -22,6 +22,7 @@ import attrs
 from router.config.llama_args import cache_types
 from router.config.load import Config, ConfigError, config_dir, resolve_gpus
 from router.config.source import ConfigSource
+from router.deploy.anywhere import anywhere_decision, anywhere_inputs, explain_anywhere
 from router.deploy.cpu_host import build_devices, on_cpu_host
 from router.deploy.launch import ModelDecision, default_decision, gpu_ids
 from router.deploy.masking import Masks, device_masks
@@ -151,10 +152,14 @@ def hosted_plan(
     for rpc in rpc_devices(config):
         budgets[rpc.id] = DeviceBudget(device=rpc.id, name=rpc.label, declared=rpc.budget, kind="rpc")
     budgets[CPU] = host_budget()  # CPU-only models are planned against it; prompt caches live there
-    plans = plan_models(inputs, budgets, config.router.gpu_reserve_mib * MIB)
+    reserve = config.router.gpu_reserve_mib * MIB
+    inputs, placed = anywhere_inputs(config, inputs, budgets, reserve, ids)
+    plans = plan_models(inputs, budgets, reserve)
     scheduler_budgets = {gpu: gpus[gpu].budget if gpu in gpus else None for gpu in ids}
     scheduler_budgets.update({rpc.id: rpc.budget for rpc in rpc_devices(config)})
     decisions = {p.name: _decision(config, p, scheduler_budgets) for p in plans}
+    for name, anywhere in placed.items():
+        decisions[name] = anywhere_decision(decisions[name], anywhere, scheduler_budgets)
     used = {gpu for inp in inputs for gpu in inp.gpus if gpu in ids}
     for gpu in sorted(used):
         if scheduler_budgets.get(gpu) is None:
@@ -167,6 +172,7 @@ def hosted_plan(
                 config.router.ctx_default,
             )
     document = plan_document(plans, budgets)
+    explain_anywhere(document, placed)
     if document["host"]["warning"]:
         log.warning("%s", document["host"]["warning"])
     return Host(config, masks), ids, scheduler_budgets, decisions, document

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import attrs
 
-from router.config.load import Config
+from router.config.load import ANY_GPUS, Config
 from router.deploy.masking import has_backend_libraries
 from router.hosts.locate import LlamaServerNotFound, find_llama_server
 from router.hosts.server_devices import listed_devices
@@ -41,13 +41,15 @@ def on_cpu_host(config: Config, binary: Path | None, listed: tuple[str, ...] | N
     """``config`` with the models that name no GPUs on the CPU, when this host has no GPU (see the module
     doc: ``listed`` is what ``binary`` lists); ``config`` itself otherwise. Called only when no GPU was
     read."""
-    unnamed = [m.name for m in config.models.values() if not m.gpus_named and m.gpus != ()]
+    unnamed = [
+        m.name for m in config.models.values() if (not m.gpus_named and m.gpus != ()) or m.gpus == ANY_GPUS
+    ]
     if config.router.num_gpus is not None or config.devices or not unnamed or listed != ():
         return config
     key = tuple(unnamed)
     if key not in _told:
         _told.add(key)
-        named = [m.name for m in config.models.values() if m.gpus_named and m.gpus != ()]
+        named = [m.name for m in config.models.values() if m.name not in key and m.gpus != ()]
         also = f"; {', '.join(named)} name GPUs and keep them (every layer offloaded)" if named else ""
         log.warning(
             "no GPU found (no NVML, amdsmi or sysfs reading, no [devices.N], and %s lists no device): "

@@ -42,6 +42,14 @@ class ModelLaunch:
     tensor_split: tuple[int, ...] = ()
     cram_mib: int | None = None
     rpc: tuple[str, ...] = ()
+    # A model the scheduler places: the layer split of each GPU set it may load on.
+    splits: Mapping[tuple[int, ...], tuple[int, ...]] = attrs.field(factory=dict)
+
+    def on(self, gpus: tuple[int, ...]) -> ModelLaunch:
+        """How a replica on ``gpus`` starts: for a model the scheduler places, with that set's layer split."""
+        if gpus not in self.splits:
+            return self
+        return attrs.evolve(self, gpus=gpus, tensor_split=self.splits[gpus])
 
     @property
     def ctx_per_slot(self) -> int:
@@ -76,6 +84,9 @@ class ModelDecision:
     refusal: str | None = None
     tensor_split: tuple[int, ...] = ()
     cram_mib: int | None = None
+    # A model the scheduler places (gpus = "any"): each GPU set it may load on, with the bytes a replica needs
+    # on each of its GPUs and its layer split there.
+    choices: Mapping[tuple[int, ...], tuple[Mapping[int, int], tuple[int, ...]]] = attrs.field(factory=dict)
 
 
 def gpu_ids(config: Config, detected: int) -> tuple[int, ...]:
@@ -117,6 +128,7 @@ def launches(
             tensor_split=decision.tensor_split,
             cram_mib=decision.cram_mib,
             rpc=rpc_argv(config, model),
+            splits={gpus: split for gpus, (_, split) in decision.choices.items()},
         )
     return out
 
@@ -131,7 +143,7 @@ def scheduler_settings(
     ``router.deploy.rpc_devices``) and its GPUs; an RPC device's need is its whole budget (one client at a
     time). Each ``[keys.NAME]`` gives its weight by name; the router's ``max_wait_*`` the policy's waits."""
     # Imported here: `plan` and `init` use this module's decisions but not the scheduler.
-    from statemachine import DeviceSpec, ModelSpec, Policy, PoolSpec, Settings
+    from statemachine import DeviceSpec, ModelSpec, Placement, Policy, PoolSpec, Settings
 
     fallback_members = {m for p in config.pools.values() if p.fallback for m in p.members}
     models = []
@@ -139,20 +151,21 @@ def scheduler_settings(
         decision = decisions.get(name) or default_decision(model)
         pooled = name in fallback_members
         devices = model_devices(config, model, resolve_gpus(model, ids))
-        models.append(
-            ModelSpec(
-                name=name,
-                gpus=devices,
-                replicas=model.num_instance,
-                slots=model.parallel,
-                ctx_per_slot=decision.ctx // max(1, model.parallel),
-                need=exclusive_need(decision.need, devices, budgets),
-                pinned=model.pinned or pooled,
-                ttl=model.ttl if model.ttl is not None or model.pinned or pooled else config.router.ttl,
-                load_on_startup=model.load_on_startup or pooled,
-                refusal=decision.refusal,
-            )
-        )
+        common: dict[str, Any] = {
+            "replicas": model.num_instance,
+            "slots": model.parallel,
+            "ctx_per_slot": decision.ctx // max(1, model.parallel),
+            "pinned": model.pinned or pooled,
+            "ttl": model.ttl if model.ttl is not None or model.pinned or pooled else config.router.ttl,
+            "load_on_startup": model.load_on_startup or pooled,
+            "refusal": decision.refusal,
+        }
+        if decision.choices:
+            choices = [Placement(gpus, need) for gpus, (need, _) in decision.choices.items()]
+            models.append(ModelSpec.anywhere(name, choices, spread=model.spread, **common))
+            continue
+        need = exclusive_need(decision.need, devices, budgets)
+        models.append(ModelSpec(name=name, gpus=devices, need=need, **common))
     # Members served by peers join in router.deploy.peer_settings, once they are known.
     pools = [
         PoolSpec(p.name, tuple(m for m in p.members if m in config.models), p.fallback)
@@ -224,7 +237,9 @@ def check_pinned(config: Config, settings: Settings) -> None:
     for device in sorted(settings.devices.values(), key=lambda d: d.id):
         if device.id in rpc_ids:
             continue
-        pinned = [m for m in settings.models.values() if m.pinned and device.id in m.gpus]
+        # A pinned model the scheduler places (gpus = "any") holds no GPU of its own here: it loads where it
+        # fits, or its requests are answered with why.
+        pinned = [m for m in settings.models.values() if m.pinned and device.id in m.gpus and not m.chooses]
         names = ", ".join(m.name for m in pinned)
         if len(pinned) > cap:
             raise ConfigError(

@@ -18,6 +18,8 @@ from statemachine import ModelState, ReplicaPhase, Request, State, model_state, 
 
 LOG_TAIL_BYTES = 1 << 20  # most of a replica's log file that /logs/{replica} sends
 
+GIB = 1 << 30
+
 
 def gpu_entry(view: RouterView, gpu: int) -> dict[str, Any]:
     """One GPU for /status: the scheduler's budget and predicted use, and the driver's latest reading."""
@@ -33,6 +35,7 @@ def gpu_entry(view: RouterView, gpu: int) -> dict[str, Any]:
         "residents": sorted(queries.residents(state, gpu)),
         "max_models": state.settings.policy.max_models_per_gpu,
         "measured": None,
+        "others_beyond_budget_bytes": state.foreign.get(gpu, 0),
     }
     if measured is not None:
         entry["measured"] = {
@@ -43,6 +46,14 @@ def gpu_entry(view: RouterView, gpu: int) -> dict[str, Any]:
             "available_bytes": measured.available,
             "method": measured.method,
         }
+    beyond = state.foreign.get(gpu, 0)
+    if beyond and budget is not None:
+        room = budget - beyond - queries.used(state, gpu)
+        entry["warning"] = f"other processes hold {beyond / GIB:.2f} GiB of GPU {gpu} beyond its budget: " + (
+            f"loads needing more than {room / GIB:.2f} GiB there wait or go to another GPU"
+            if room >= 0
+            else "no load goes there until that memory is back (its residents stay)"
+        )
     if budget is None:
         entry["warning"] = (
             f"the memory of GPU {gpu} cannot be read and is not declared: models on it run with every layer "

@@ -26,6 +26,7 @@ from router.deploy.peer_settings import with_peers
 from router.deploy.rpc_devices import local_gpus
 from router.hosts.gpu_monitor import GpuMonitor, Ours
 from router.journal.records import RequestRecord
+from router.shell.foreign_watch import watch_foreign
 from router.shell.happenings import HappeningKind, Happenings, Listener
 from router.shell.kv_policy import kv_launch, saves_before_stop
 from router.shell.kv_slots import KvAction, describe_kv
@@ -163,6 +164,7 @@ class Router:
                 nursery.start_soon(self._owner)
                 nursery.start_soon(self._timer)
                 nursery.start_soon(self.peers.run)
+                nursery.start_soon(watch_foreign, self.gpus, lambda: self.state, self.our_pids, self.submit)
                 self.submit(Startup())
                 for model in self.config.router.preload:
                     self.submit(LoadRequested(model))
@@ -347,7 +349,7 @@ class Router:
                 self.stopped.set()
 
     def _spawn(self, command: Spawn) -> None:
-        launch = self.launches[command.model]
+        launch = self.launches[command.model].on(command.gpus)
         shortfall = self._memory_shortfall(command)
         if shortfall is not None:
             # Other programs took the memory this replica was planned for: refuse the load with the sums

@@ -6,10 +6,13 @@ Cards of 24, 12 and 8 GiB (GPUs 0, 1, 2) unless said otherwise; a model of 7 GiB
 
 from __future__ import annotations
 
+import pytest
+
 from statemachine import (
     DeviceSpec,
     Dispatch,
     ForeignMemory,
+    IllegalEvent,
     ModelSpec,
     Placement,
     Policy,
@@ -18,6 +21,7 @@ from statemachine import (
     RequestArrived,
     RequestFinished,
     Settings,
+    SettingsChanged,
     Spawn,
     Startup,
     Tick,
@@ -226,6 +230,12 @@ def test_foreign_memory_is_checked_and_forgotten_at_zero() -> None:
     state, _ = step(state, ForeignMemory(1, 0))
     assert dict(state.foreign) == {}
     check(state)
+    # A reload plans its budgets with what other processes hold then: the figures start again from 0.
+    state, _ = step(state, ForeignMemory(2, GIB))
+    state, _ = step(state, SettingsChanged(state.settings))
+    assert dict(state.foreign) == {}
+    with pytest.raises(IllegalEvent):
+        step(state, ForeignMemory(0, -1))
 
 
 def test_the_choice_depends_on_the_state_alone() -> None:

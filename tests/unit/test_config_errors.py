@@ -73,10 +73,10 @@ BAD_VALUES = [
     ("models.qwen.load_on_startup", 1, "1", "true or false"),
     ("models.qwen.gpus", [0, 0], "[0, 0]", "distinct GPU ids"),
     ("models.qwen.gpus", [-2], "[-2]", "integers >= 0"),
-    ("models.qwen.gpus", "some", '"some"', '"all", -1, a GPU id'),
+    ("models.qwen.gpus", "some", '"some"', '"all", "any", -1, a GPU id'),
     ("models.qwen.gpus", [0, 2], "[0, 2]", "< router.num_gpus = 2"),
     ("models.qwen.gpus", 2, "2", "< router.num_gpus = 2"),
-    ("models.qwen.gpus", True, "true", '"all", -1, a GPU id'),
+    ("models.qwen.gpus", True, "true", '"all", "any", -1, a GPU id'),
     ("models.qwen.gpus", [1.0], "[1.0]", "GPU ids (integers >= 0"),
     ("models.qwen.pricing", "cheap", '"cheap"', "must be a table"),
     ("models.qwen.pricing", {}, "{}", "at least one of input, cached_input, output"),
@@ -215,9 +215,7 @@ def test_flags_the_router_sets_are_refused_with_a_hint(table: str, key: str, hin
     assert hint in message
 
 
-@pytest.mark.parametrize(
-    "key", ["model", "parallel", "ctx", "gpu_layers", "gpus", "ttl", "pinned", "aliases"]
-)
+@pytest.mark.parametrize("key", ["model", "parallel", "ctx", "gpu_layers", "ttl", "pinned", "aliases"])
 def test_per_model_keys_are_refused_in_defaults(key: str) -> None:
     message = str(error_of(setter(f"defaults.{key}", 4)))
     assert (
@@ -487,3 +485,32 @@ def test_queue_head_grace_and_swap_batching_are_exclusive() -> None:
     assert "router.queue_head_grace = 0 and router.swap_hold are both set" in str(err)
     assert "Remove queue_head_grace to batch swaps, or remove swap_hold" in str(err)
     assert build(setter("router.queue_head_grace", 0)).router.queue_head_grace == 0
+
+
+def test_gpus_any_and_its_keys_in_defaults_and_models() -> None:
+    """[defaults] gpus = "any" places every model that names no GPUs; a model's own gpus wins."""
+
+    def change(data: dict[str, Any]) -> None:
+        data["defaults"] = {"gpus": "any", "gpus_max": 1, "spread": False}
+        data["models"]["small"]["gpus"] = [1]
+
+    config = build(change)
+    qwen, small = config.models["qwen"], config.models["small"]
+    assert (qwen.gpus, qwen.gpus_max, qwen.spread) == ("any", 1, False)
+    assert (small.gpus, small.gpus_max) == ((1,), None)
+
+
+def test_gpus_max_needs_gpus_any_and_any_takes_no_rpc() -> None:
+    message = str(error_of(setter("models.small.gpus_max", 2)))
+    assert (
+        'models.small.gpus_max = 2 is invalid: only a model the scheduler places has it: set gpus = "any"'
+        in (message)
+    )
+
+    def rpc(data: dict[str, Any]) -> None:
+        data["rpc_devices"] = {"box": {"endpoint": "127.0.0.1:50052", "memory_mib": 4096}}
+        data["models"]["small"].update(gpus="any", rpc=["box"])
+
+    assert 'models.small.gpus = "any" is invalid: a model with rpc devices runs on the GPUs it names' in str(
+        error_of(rpc)
+    )

@@ -31,7 +31,9 @@ def test_the_example_loads_and_sets_every_key() -> None:
     assert "# queue_head_grace = " in EXAMPLE.read_text()
     assert set(data["devices"]["0"]) == {spec.name for spec in DEVICE_KEYS}
     assert set(data["rpc_devices"]["box"]) == {spec.name for spec in RPC_DEVICE_KEYS}
-    assert {spec.name for spec in MODEL_KEYS} <= set(data["models"]["qwen"])
+    # gpus_max and spread only go with gpus = "any", which rpc devices do not: coder shows them
+    assert {spec.name for spec in MODEL_KEYS} <= set(data["models"]["qwen"]) | set(data["models"]["coder"])
+    assert config.models["coder"].gpus == "any" and config.models["coder"].gpus_max == 2
     assert set(data["pools"]["chat"]) == {spec.name for spec in POOL_KEYS}
     assert set(data["peers"]["attic"]) | {"api_key_file"} == {spec.name for spec in PEER_KEYS}
     assert config.peers["attic"].models == ("big",)

@@ -56,7 +56,7 @@ def test_the_help_text_gives_every_spelling() -> None:
         ("embeddings", True, None),
         ("paralel", True, "; did you mean `parallel` (use the `parallel` key)?"),
         ("gpu", True, "; did you mean `gpus` (use the `gpus` key)?"),
-        ("gpu", False, "; did you mean `gpus` (a per-model key: set it in [models.NAME])?"),
+        ("gpu", False, "; did you mean `gpus`?"),
         ("thread", True, "; did you mean `threads`?"),
         ("flash_attn", False, "; did you mean `flash-attn`?"),
         ("ctx_size", True, "; did you mean `ctx-size` (use the `ctx` key)?"),
