@@ -7,12 +7,12 @@ with fixed GPUs. Among the sets that could ever hold another replica beside the 
    never split across cards unless needed);
 2. sets no earlier waiting request has claimed;
 3. sets it fits on now, without evicting anything (no swap while a card with room for it sits idle);
-4. with ``spread``, sets that hold the fewest of its own replicas (one per card while cards have room);
-5. where it must evict: sets whose victims may leave now, then those with the fewest busy or wanted victims;
+4. with ``spread``, sets that hold the fewest of its own live replicas (one per card while cards have room);
+5. where it must evict: sets whose victims may leave now, then the fewest busy or wanted victims, the fewest
+   victims, and the victims idle the longest (least recently used; loaded first under ``eviction = "fifo"``),
+   as a swap on fixed GPUs chooses;
 6. the most free memory (budgets less what residents and other processes hold), then the fewest residents;
-7. the fewest victims, then the victims idle the longest (least recently used; loaded first under
-   ``eviction = "fifo"``);
-8. the lowest GPU ids.
+7. the lowest GPU ids.
 
 The choice is a function of the state alone: the same state always chooses the same set.
 """
@@ -24,7 +24,8 @@ from .settings import ModelSpec, Placement
 from .state import STOPPING, Request
 from .work import Work
 
-Key = tuple[bool, bool, int, int, int, int, int, int, float, tuple[int, ...]]
+Cost = tuple[bool, int, int, float]
+Key = tuple[bool, bool, int | bool, bool, int, int, float, int, int, tuple[int, ...]]
 
 
 def placed_load(
@@ -40,8 +41,6 @@ def placed_load(
     if not spec.chooses:
         count = loadable(w, spec, live)
         return (spec, count) if count else None
-    if live >= spec.replicas:
-        return None
     best: tuple[Key, ModelSpec] | None = None
     for choice in _eligible(w, spec, live):
         placed = spec.placed(choice)
@@ -84,40 +83,39 @@ def _key(
 ) -> Key:
     gpus = choice.gpus
     fits = all(w.fits(placed, g, 1, set(), count_stopping=True) for g in gpus)
-    mine = _here(w, spec.name, gpus) if spec.spread and spec.replicas > 1 else 0
-    free = 0
-    residents: set[str] = set()
-    for gpu in gpus:
-        budget = w.settings.budget(gpu)
-        if budget is not None:
-            free += (
-                budget
-                - w.foreign_on(gpu)
-                - sum(w.spec_of(r).need_for(r.gpus, gpu) for r in w.replicas.values() if gpu in r.gpus)
-            )
-        residents |= {r.model for r in w.replicas.values() if gpu in r.gpus and r.phase != STOPPING}
-    cost = (0, 0, 0, 0.0) if fits else _eviction_cost(w, placed, protected, request)
-    ready = (not blocked.isdisjoint(gpus), not fits, mine, cost[0], cost[1])
-    return (*ready, -free, len(residents), cost[2], cost[3], gpus)
+    mine = spec.spread and _here(w, spec.name, gpus)  # (a model's first replica finds none of its own)
+    free = sum(
+        budget
+        - w.foreign_on(gpu)
+        - sum(w.spec_of(r).need_for(r.gpus, gpu) for r in w.replicas.values() if gpu in r.gpus)
+        for gpu in gpus
+        if (budget := w.settings.budget(gpu)) is not None
+    )
+    residents = {
+        r.model for r in w.replicas.values() if r.phase != STOPPING and not set(gpus).isdisjoint(r.gpus)
+    }
+    cost = NO_EVICTION if fits else _eviction_cost(w, placed, protected, request)
+    return (not blocked.isdisjoint(gpus), not fits, mine, *cost, -free, len(residents), gpus)
 
 
-def _eviction_cost(
-    w: Work, placed: ModelSpec, protected: set[str], request: Request | None
-) -> tuple[int, int, int, float]:
+NO_EVICTION: Cost = (False, 0, 0, 0.0)
+CANNOT_NOW: Cost = (True, 0, 0, 0.0)
+
+
+def _eviction_cost(w: Work, placed: ModelSpec, protected: set[str], request: Request | None) -> Cost:
     """(cannot now, busy or wanted victims, victims, the latest use among them): smaller evicts less."""
     victims = choose_victims(w, request, placed, 1, protected, [])
     if victims is None:
-        return (1, 0, 0, 0.0)
+        return CANNOT_NOW
     busy = sum(1 for v in victims if w.has_queued(v) or any(r.inflight for r in w.replicas_of(v)))
-    latest = max((victim_key(w, v)[1] for v in victims), default=0.0)
-    return (0, busy, len(victims), latest)
+    latest = max((victim_key(w, v)[1] for v in victims), default=0.0)  # none: it waits for exits only
+    return (False, busy, len(victims), latest)
 
 
 def spawn_fitting(w: Work, spec: ModelSpec, blocked: set[int], reason: str, rid: int | None) -> None:
     """After a load of a model with choices started: its further missing replicas start at once wherever the
-    choice fits now (spread over cards when ``spread``); none is evicted for."""
-    if not spec.chooses:
-        return
+    choice fits now (spread over cards when ``spread``); none is evicted for. (A model with fixed GPUs has
+    started every replica that fits already: ``placed_load`` finds none.)"""
     while True:
         live = len(w.live_replicas(spec.name))
         load = placed_load(w, spec, live, blocked, set(), None)

@@ -19,6 +19,7 @@ from statemachine import (
     ReplicaExited,
     ReplicaReady,
     RequestArrived,
+    RequestClass,
     RequestFinished,
     Settings,
     SettingsChanged,
@@ -246,3 +247,114 @@ def test_the_choice_depends_on_the_state_alone() -> None:
     for spec in (forward, backward):
         _, commands = step(initial_state(cards(spec)), RequestArrived(1, "a"))
         assert commands == (spawn(1, "a", 1, gpus=(0,)),)
+
+
+def test_a_second_replica_is_split_when_its_own_card_is_full() -> None:
+    """Two replicas of a 14 GiB model: only the 24 GiB card holds one alone, and it holds the first; the
+    second goes to the fewest cards that hold it beside that one, split over the 12 and the 8."""
+    # checks: INV-PLACE-SMALLEST
+    choices = [
+        Placement((0,), {0: 14 * GIB}),
+        Placement((1,), {1: 14 * GIB}),  # more than the card: never loadable
+        Placement((1, 2), {1: 8 * GIB, 2: 8 * GIB}),
+        Placement((0, 1), {0: 8 * GIB, 1: 8 * GIB}),
+    ]
+    big = ModelSpec.anywhere("big", choices, replicas=2, slots=1)
+    play(
+        cards(big),
+        [(RequestArrived(1, "big"), [spawn(1, "big", 1, gpus=(0,)), spawn(2, "big", 1, gpus=(1, 2))])],
+    )
+
+
+def test_equal_room_goes_to_the_card_with_fewer_residents() -> None:
+    """The 24 GiB card holds a (12 GiB), the 12 GiB card nothing: 12 GiB free on each, b goes to the empty
+    one."""
+    a = ModelSpec("a", gpus=(0,), need={0: 12 * GIB})
+    settings = cards(a, anywhere("b", 6, (24, 12)), sizes=(24, 12), max_models_per_gpu=2)
+    play(
+        settings,
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (RequestArrived(2, "b"), [spawn(2, "b", 2, gpus=(1,))]),
+        ],
+    )
+
+
+def test_further_replicas_start_only_where_they_fit_now() -> None:
+    """a's first replica takes the empty big card; a second one fits no card alone beside it, and the pair
+    it could split over holds b (one model per card): it does not start, and b is not evicted for it."""
+    # checks: INV-PLACE-BUDGET
+    choices = [
+        Placement((0,), {0: 14 * GIB}),
+        Placement((0, 1), {0: 8 * GIB, 1: 8 * GIB}),
+    ]
+    a = ModelSpec.anywhere("a", choices, replicas=2, slots=1)
+    b = ModelSpec("b", gpus=(1,), need={1: 4 * GIB})
+    play(
+        cards(a, b, sizes=(24, 12)),
+        [
+            (RequestArrived(1, "b"), [spawn(1, "b", 1, gpus=(1,))]),
+            (RequestArrived(2, "a"), [spawn(2, "a", 2, gpus=(0,))]),
+        ],
+    )
+
+
+def test_further_replicas_keep_off_a_card_an_earlier_request_claims() -> None:
+    """x (interactive) claims the big card and waits for y's work there to drain; m's first replica takes the
+    small card, and its second, which only the big card could hold, does not start there."""
+    # checks: INV-PLACE-ROOM
+    x = ModelSpec("x", gpus=(0,), need={0: 20 * GIB})
+    y = ModelSpec("y", gpus=(0,), need={0: 10 * GIB})
+    m = ModelSpec.anywhere(
+        "m", [Placement((0,), {0: 5 * GIB}), Placement((1,), {1: 5 * GIB})], replicas=2, slots=1
+    )
+    play(
+        cards(x, y, m, sizes=(24, 6), max_models_per_gpu=2),
+        [
+            (RequestArrived(1, "y"), [spawn(1, "y", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "y")]),
+            (RequestArrived(2, "x", klass=RequestClass.INTERACTIVE), []),
+            (RequestArrived(3, "m"), [spawn(2, "m", 3, gpus=(1,))]),
+        ],
+    )
+
+
+def test_the_swap_takes_the_card_whose_victims_were_used_longest_ago() -> None:
+    """Two cards of two residents each; n needs a whole card. Card 0's residents were used at 1 and 4, card
+    1's at 2 and 3: card 1's are the staler pair (its latest use is older), so both of them go."""
+    # checks: INV-PLACE-ROOM
+    fixed = [ModelSpec(m, gpus=(g,), need={g: 10 * GIB}) for m, g in (("p", 0), ("q", 0), ("r", 1), ("s", 1))]
+    n = ModelSpec.anywhere("n", [Placement((0,), {0: 24 * GIB}), Placement((1,), {1: 24 * GIB})])
+    settings = cards(*fixed, n, sizes=(24, 24), max_models_per_gpu=3)
+    script: list[tuple[object, list[object]]] = []
+    for rid, (model, gpu) in enumerate((("p", 0), ("q", 0), ("r", 1), ("s", 1)), 1):
+        script += [
+            (RequestArrived(rid, model), [spawn(rid, model, rid, gpus=(gpu,))]),
+            (ReplicaReady(rid), [Dispatch(rid, rid, model)]),
+        ]
+    for at, rid in ((1.0, 1), (2.0, 3), (3.0, 4), (4.0, 2)):
+        script += [(Tick(at), []), (RequestFinished(rid), [])]
+    script.append((RequestArrived(5, "n"), [evict(3, "r", "n", gpus=(1,)), evict(4, "s", "n", gpus=(1,))]))
+    play(settings, script)  # type: ignore[arg-type]
+
+
+def test_a_card_whose_resident_may_leave_now_goes_before_one_that_must_stay() -> None:
+    """a was loaded just now and may not leave for min_residency; b has been loaded long enough: n evicts b
+    at once rather than wait for a, though a's card has the same room."""
+    a = ModelSpec("a", gpus=(0,), need={0: 10 * GIB})
+    b = ModelSpec("b", gpus=(1,), need={1: 10 * GIB})
+    n = ModelSpec.anywhere("n", [Placement((0,), {0: 10 * GIB}), Placement((1,), {1: 10 * GIB})])
+    settings = cards(a, b, n, sizes=(24, 24), min_residency=100.0)
+    play(
+        settings,
+        [
+            (RequestArrived(1, "b"), [spawn(1, "b", 1, gpus=(1,))]),
+            (ReplicaReady(1), [Dispatch(1, 1, "b")]),
+            (RequestFinished(1), []),
+            (Tick(200.0), []),
+            (RequestArrived(2, "a"), [spawn(2, "a", 2)]),
+            (ReplicaReady(2), [Dispatch(2, 2, "a")]),
+            (RequestFinished(2), []),
+            (RequestArrived(3, "n"), [evict(1, "b", "n", gpus=(1,))]),
+        ],
+    )
