@@ -19,6 +19,8 @@ The choice is a function of the state alone: the same state always chooses the s
 
 from __future__ import annotations
 
+from collections import Counter
+
 from .room import choose_victims, loadable, victim_key
 from .settings import ModelSpec, Placement
 from .state import STOPPING, Request
@@ -54,10 +56,10 @@ def _eligible(w: Work, spec: ModelSpec, live: int) -> list[Placement]:
     """The smallest sets that could ever hold one more replica beside the pinned residents."""
     size: int | None = None
     out: list[Placement] = []
-    own: dict[int, int] = {}
+    own: Counter[int] = Counter()
     for r in w.live_replicas(spec.name):
         for gpu in r.gpus:
-            own[gpu] = own.get(gpu, 0) + spec.need_for(r.gpus, gpu)
+            own[gpu] += spec.need_for(r.gpus, gpu)
     for choice in sorted(spec.choices, key=lambda c: (len(c.gpus), c.gpus)):
         if size is not None and len(choice.gpus) > size:
             break
@@ -69,7 +71,7 @@ def _eligible(w: Work, spec: ModelSpec, live: int) -> list[Placement]:
 
 def _here(w: Work, model: str, gpus: tuple[int, ...]) -> int:
     """Live replicas of ``model`` on any of ``gpus``."""
-    return sum(1 for r in w.live_replicas(model) if not set(gpus).isdisjoint(r.gpus))
+    return sum(not set(gpus).isdisjoint(r.gpus) for r in w.live_replicas(model))
 
 
 def _key(
@@ -107,7 +109,7 @@ def _eviction_cost(w: Work, placed: ModelSpec, protected: set[str], request: Req
     victims = choose_victims(w, request, placed, 1, protected, [])
     if victims is None:
         return CANNOT_NOW
-    busy = sum(1 for v in victims if w.has_queued(v) or any(r.inflight for r in w.replicas_of(v)))
+    busy = sum(w.has_queued(v) or any(r.inflight for r in w.replicas_of(v)) for v in victims)
     latest = max((victim_key(w, v)[1] for v in victims), default=0.0)  # none: it waits for exits only
     return (False, busy, len(victims), latest)
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from .settings import ModelSpec
 from .state import STOPPING, Request
 from .swaps import young
 from .work import Work
 
 
-def loadable(w: Work, spec: ModelSpec, live: int, own: dict[int, int] | None = None) -> int:
+def loadable(w: Work, spec: ModelSpec, live: int, own: Counter[int] | None = None) -> int:
     """How many replicas beyond the ``live`` ones could run beside the pinned residents (up to the total);
     ``own``: the bytes the live ones hold on each GPU (None: each holds ``spec``'s need on every GPU)."""
     cap = w.policy.max_models_per_gpu
@@ -29,7 +31,7 @@ def loadable(w: Work, spec: ModelSpec, live: int, own: dict[int, int] | None = N
         need = spec.need_on(gpu)
         if budget is None or need == 0:
             continue
-        mine = need * live if own is None else own.get(gpu, 0)
+        mine = need * live if own is None else own[gpu]
         room = budget - sum(w.spec_of(r).need_for(r.gpus, gpu) for r in pinned) - mine
         best = min(best, max(room // need, 0))
     return best

@@ -280,18 +280,20 @@ def test_equal_room_goes_to_the_card_with_fewer_residents() -> None:
     )
 
 
-def test_further_replicas_start_only_where_they_fit_now() -> None:
+@pytest.mark.parametrize("short", ["a model per card", "memory"])
+def test_further_replicas_start_only_where_they_fit_now(short: str) -> None:
     """a's first replica takes the empty big card; a second one fits no card alone beside it, and the pair
-    it could split over holds b (one model per card): it does not start, and b is not evicted for it."""
+    it could split over holds b (with one model per card, or b's 8 GiB leave no room there): it does not
+    start, and b is not evicted for it."""
     # checks: INV-PLACE-BUDGET
     choices = [
         Placement((0,), {0: 14 * GIB}),
         Placement((0, 1), {0: 8 * GIB, 1: 8 * GIB}),
     ]
     a = ModelSpec.anywhere("a", choices, replicas=2, slots=1)
-    b = ModelSpec("b", gpus=(1,), need={1: 4 * GIB})
+    b = ModelSpec("b", gpus=(1,), need={1: (4 if short == "a model per card" else 8) * GIB})
     play(
-        cards(a, b, sizes=(24, 12)),
+        cards(a, b, sizes=(24, 12), max_models_per_gpu=1 if short == "a model per card" else 2),
         [
             (RequestArrived(1, "b"), [spawn(1, "b", 1, gpus=(1,))]),
             (RequestArrived(2, "a"), [spawn(2, "a", 2, gpus=(0,))]),
