@@ -235,8 +235,8 @@ PLACEMENT_MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     "replicas do not spread": (
         "placement",
-        "mine = _here(w, spec.name, gpus) if spec.spread",
-        "mine = 0 if spec.spread",
+        "mine = spec.spread and _here(w, spec.name, gpus)",
+        "mine = spec.spread and 0",
         ("INV-PLACE-SPREAD",),
     ),
     "loads ignore other processes' memory": (
