@@ -1,4 +1,4 @@
-"""Where a model with ``choices`` (``gpus = "any"``) loads: spec §4d, INV-PLACED, INV-PLACE-*.
+"""Where a model with ``choices`` (``gpus = "any"``) loads: spec §4d, INV-GPUS, INV-PLACE-*, INV-FOREIGN.
 
 At each load the scheduler binds the model to one of its GPU sets and the load goes on exactly as for a model
 with fixed GPUs. Among the sets that could ever hold another replica beside the pinned residents:

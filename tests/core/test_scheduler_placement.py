@@ -360,3 +360,23 @@ def test_a_card_whose_resident_may_leave_now_goes_before_one_that_must_stay() ->
             (RequestArrived(3, "n"), [evict(1, "b", "n", gpus=(1,))]),
         ],
     )
+
+
+def test_no_resident_is_stopped_for_a_card_other_processes_overfill() -> None:
+    """Other processes take 16 GiB of the 24 GiB card that holds a (10 GiB): a and they now exceed its budget.
+    b (6 GiB) would fit if a left, but a is not evicted for it: b waits until the memory is back."""
+    # checks: INV-FOREIGN
+    a = ModelSpec("a", gpus=(0,), need={0: 10 * GIB})
+    b = ModelSpec("b", gpus=(0,), need={0: 6 * GIB})
+    play(
+        cards(a, b, sizes=(24,)),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (RequestFinished(1), []),
+            (ForeignMemory(0, 16 * GIB), []),
+            (Tick(100.0), []),
+            (RequestArrived(2, "b"), []),
+            (ForeignMemory(0, 0), [evict(1, "a", "b")]),
+        ],
+    )
