@@ -16,6 +16,8 @@ from statemachine import (
     ModelSpec,
     Placement,
     Policy,
+    Reject,
+    RejectCode,
     ReplicaExited,
     ReplicaReady,
     RequestArrived,
@@ -378,5 +380,27 @@ def test_no_resident_is_stopped_for_a_card_other_processes_overfill() -> None:
             (Tick(100.0), []),
             (RequestArrived(2, "b"), []),
             (ForeignMemory(0, 0), [evict(1, "a", "b")]),
+        ],
+    )
+
+
+@pytest.mark.parametrize("placed", [False, True])
+def test_a_resident_of_unknown_need_takes_no_byte(placed: bool) -> None:
+    """y (pinned, bound to GPU 0 or placed there) has no predicted need: it counts 0 bytes, not one more nor
+    one less. A model that needs the whole 24 GiB loads beside it; one that needs a byte more is refused."""
+    # checks: INV-PLACE-BUDGET
+    y = ModelSpec.anywhere("y", [Placement((0,), {})], pinned=True) if placed else ModelSpec("y", pinned=True)
+    whole = ModelSpec("whole", gpus=(0,), need={0: 24 * GIB})
+    over = ModelSpec("over", gpus=(0,), need={0: 24 * GIB + 1})
+    refusal = (
+        "model 'over' cannot be loaded on GPU 0: its memory need exceeds what the GPU budget leaves beside "
+        "pinned models; choose a smaller quant or context"
+    )
+    play(
+        cards(y, whole, over, sizes=(24,), max_models_per_gpu=3),
+        [
+            (Startup(), [Spawn(1, "y", (0,), "load on startup", None)]),
+            (RequestArrived(1, "over"), [Reject(1, RejectCode.MODEL_UNAVAILABLE, refusal)]),
+            (RequestArrived(2, "whole"), [spawn(2, "whole", 2)]),
         ],
     )
