@@ -404,3 +404,30 @@ def test_a_resident_of_unknown_need_takes_no_byte(placed: bool) -> None:
             (RequestArrived(2, "whole"), [spawn(2, "whole", 2)]),
         ],
     )
+
+
+def test_a_request_never_goes_to_a_replica_on_a_claimed_card_even_by_prefix_affinity() -> None:
+    """m has a replica on each card; the one on card 0 served m's last prompt. x (interactive) then claims
+    card 0 for a swap. m's next request with the same prompt goes to the replica on card 1: a dispatch to
+    card 0 would pass the claim."""
+    # checks: INV-PLACE-ROOM
+    y = ModelSpec("y", gpus=(0,), need={0: 10 * GIB})
+    x = ModelSpec("x", gpus=(0,), need={0: 20 * GIB})
+    m = ModelSpec.anywhere(
+        "m", [Placement((0,), {0: 5 * GIB}), Placement((1,), {1: 5 * GIB})], replicas=2, slots=2
+    )
+    play(
+        cards(x, y, m, sizes=(32, 24), max_models_per_gpu=3),
+        [
+            (RequestArrived(1, "y"), [spawn(1, "y", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "y")]),  # y stays busy: the claim below waits for it
+            (Tick(1.0), []),
+            (RequestArrived(2, "m", prefix=(7,)), [spawn(2, "m", 2, gpus=(1,)), spawn(3, "m", 2, gpus=(0,))]),
+            (ReplicaReady(3), [Dispatch(2, 3, "m")]),
+            (ReplicaReady(2), []),
+            (Tick(2.0), []),
+            (RequestFinished(2), []),
+            (RequestArrived(3, "x", klass=RequestClass.INTERACTIVE), []),
+            (RequestArrived(4, "m", prefix=(7,)), [Dispatch(4, 2, "m")]),
+        ],
+    )
