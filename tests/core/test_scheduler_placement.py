@@ -431,3 +431,29 @@ def test_a_request_never_goes_to_a_replica_on_a_claimed_card_even_by_prefix_affi
             (RequestArrived(4, "m", prefix=(7,)), [Dispatch(4, 2, "m")]),
         ],
     )
+
+
+def test_prefix_affinity_still_chooses_among_the_replicas_off_a_claimed_card() -> None:
+    """m has a replica on each of three cards; the one on card 2 served m's last prompt. x claims card 0.
+    m's next request with the same prompt goes to card 2 by affinity, not to the lowest idle id (card 1)."""
+    # checks: INV-PLACE-ROOM
+    y = ModelSpec("y", gpus=(0,), need={0: 10 * GIB})
+    x = ModelSpec("x", gpus=(0,), need={0: 20 * GIB})
+    m = ModelSpec.anywhere("m", [Placement((g,), {g: 5 * GIB}) for g in range(3)], replicas=3, slots=2)
+    three = [spawn(2, "m", 2, gpus=(1,)), spawn(3, "m", 2, gpus=(2,)), spawn(4, "m", 2, gpus=(0,))]
+    play(
+        cards(x, y, m, sizes=(32, 24, 24), max_models_per_gpu=3),
+        [
+            (RequestArrived(1, "y"), [spawn(1, "y", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "y")]),
+            (Tick(1.0), []),
+            (RequestArrived(2, "m", prefix=(7,)), three),
+            (ReplicaReady(3), [Dispatch(2, 3, "m")]),
+            (ReplicaReady(2), []),
+            (ReplicaReady(4), []),
+            (Tick(2.0), []),
+            (RequestFinished(2), []),
+            (RequestArrived(3, "x", klass=RequestClass.INTERACTIVE), []),
+            (RequestArrived(4, "m", prefix=(7,)), [Dispatch(4, 3, "m")]),
+        ],
+    )
