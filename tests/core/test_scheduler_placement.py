@@ -13,6 +13,8 @@ from statemachine import (
     Dispatch,
     ForeignMemory,
     IllegalEvent,
+    Kill,
+    KillCause,
     ModelSpec,
     Placement,
     Policy,
@@ -28,6 +30,7 @@ from statemachine import (
     Spawn,
     Startup,
     Tick,
+    UnloadRequested,
     initial_state,
     step,
 )
@@ -455,5 +458,44 @@ def test_prefix_affinity_still_chooses_among_the_replicas_off_a_claimed_card() -
             (RequestFinished(2), []),
             (RequestArrived(3, "x", klass=RequestClass.INTERACTIVE), []),
             (RequestArrived(4, "m", prefix=(7,)), [Dispatch(4, 3, "m")]),
+        ],
+    )
+
+
+def test_a_gpu_nobody_else_uses_has_its_whole_budget_and_not_a_byte_more() -> None:
+    """b needs one byte more than a leaves of the card: a is evicted for it (no other process is counted,
+    neither as taking memory nor as giving any)."""
+    a = ModelSpec("a", gpus=(0,), need={0: 10 * GIB})
+    b = ModelSpec("b", gpus=(0,), need={0: 14 * GIB + 1})
+    play(
+        cards(a, b, sizes=(24,), max_models_per_gpu=2),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (RequestFinished(1), []),
+            (RequestArrived(2, "b"), [evict(1, "a", "b")]),
+        ],
+    )
+
+
+def test_a_replica_already_stopping_does_not_count_as_staying_beside_other_processes() -> None:
+    """a is being stopped; b stays; other processes hold 8 GiB. What stays (b) and they fit the budget, so
+    the card is not overfilled: c evicts b as usual."""
+    # checks: INV-FOREIGN
+    a = ModelSpec("a", gpus=(0,), need={0: 10 * GIB})
+    b = ModelSpec("b", gpus=(0,), need={0: 8 * GIB})
+    c = ModelSpec("c", gpus=(0,), need={0: 10 * GIB})
+    play(
+        cards(a, b, c, sizes=(24,), max_models_per_gpu=3),
+        [
+            (RequestArrived(1, "a"), [spawn(1, "a", 1)]),
+            (RequestArrived(2, "b"), [spawn(2, "b", 2)]),
+            (ReplicaReady(1), [Dispatch(1, 1, "a")]),
+            (ReplicaReady(2), [Dispatch(2, 2, "b")]),
+            (RequestFinished(1), []),
+            (RequestFinished(2), []),
+            (UnloadRequested("a"), [Kill(1, "a", "unload requested", KillCause.UNLOADED)]),
+            (ForeignMemory(0, 8 * GIB), []),
+            (RequestArrived(3, "c"), [evict(2, "b", "c")]),
         ],
     )
