@@ -499,3 +499,19 @@ def test_a_replica_already_stopping_does_not_count_as_staying_beside_other_proce
             (RequestArrived(3, "c"), [evict(2, "b", "c")]),
         ],
     )
+
+
+def test_a_model_no_set_can_hold_is_refused_with_its_sets() -> None:
+    """Every set of big needs more than its card: its request is refused at once, naming the sets."""
+    big = ModelSpec.anywhere(
+        "big", [Placement((0,), {0: 30 * GIB}), Placement((0, 1), {0: 20 * GIB, 1: 20 * GIB})]
+    )
+    refusal = (
+        "model 'big' cannot be loaded on any GPU set it may use (0; 0,1): pinned models hold them or its "
+        "memory need exceeds what their budgets leave beside pinned models; unpin a model, or choose a "
+        "smaller quant or context"
+    )
+    play(
+        cards(big, sizes=(24, 12)),
+        [(RequestArrived(1, "big"), [Reject(1, RejectCode.MODEL_UNAVAILABLE, refusal)])],
+    )
