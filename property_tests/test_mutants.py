@@ -177,8 +177,8 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     "a spawn forgets its request": (
         "passes",
-        "w.spawn(to_load, reason, request.rid)",
-        "w.spawn(to_load, reason, None)",
+        "f\"request {request.rid} for '{request.target}'\", request.rid",
+        "f\"request {request.rid} for '{request.target}'\", None",
         ("INV-CAUSE",),
     ),
     "a refused dispatch of a removed target answered model_unavailable": (

@@ -43,8 +43,6 @@ def load_wanted(w: Work, reserved: set[int], protected: set[str], wake: list[flo
         if reserved.intersection(spec.gpus) or w.has_queued(name):
             continue  # requests wait for a load there, or for this model: theirs go first
         if all(w.fits(spec, g, count, set(), count_stopping=True) for g in spec.gpus):
-            for _ in range(count):
-                w.spawn(spec, "load requested", None)
             spawn_fitting(w, w.model(name), reserved, "load requested", None)
             w.wanted.remove(name)
             continue

@@ -158,10 +158,9 @@ def _place(
     claiming = w.now >= due or batch_full(w, request)
     gpus = set(to_load.gpus)
     if not (blocked & gpus) and all(w.fits(to_load, g, count, set(), count_stopping=True) for g in gpus):
-        reason = f"request {request.rid} for '{request.target}'"
-        for _ in range(count):
-            w.spawn(to_load, reason, request.rid)
-        spawn_fitting(w, w.model(to_load.name), blocked, reason, request.rid)
+        spawn_fitting(
+            w, w.model(to_load.name), blocked, f"request {request.rid} for '{request.target}'", request.rid
+        )
         return
     batches.reserved.update(gpus)
     if not claiming:

@@ -115,9 +115,9 @@ def _eviction_cost(w: Work, placed: ModelSpec, protected: set[str], request: Req
 
 
 def spawn_fitting(w: Work, spec: ModelSpec, blocked: set[int], reason: str, rid: int | None) -> None:
-    """After a load of a model with choices started: its further missing replicas start at once wherever the
-    choice fits now (spread over cards when ``spread``); none is evicted for. (A model with fixed GPUs has
-    started every replica that fits already: ``placed_load`` finds none.)"""
+    """Start the missing replicas of ``spec`` that fit now, one by one, each where ``placed_load`` chooses
+    (for a model with choices: spread over cards when ``spread``), until the choice would need an eviction
+    or a claimed GPU; nothing is evicted for them."""
     while True:
         live = len(w.live_replicas(spec.name))
         load = placed_load(w, spec, live, blocked, set(), None)

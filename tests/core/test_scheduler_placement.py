@@ -15,6 +15,7 @@ from statemachine import (
     IllegalEvent,
     Kill,
     KillCause,
+    LoadRequested,
     ModelSpec,
     Placement,
     Policy,
@@ -514,4 +515,17 @@ def test_a_model_no_set_can_hold_is_refused_with_its_sets() -> None:
     play(
         cards(big, sizes=(24, 12)),
         [(RequestArrived(1, "big"), [Reject(1, RejectCode.MODEL_UNAVAILABLE, refusal)])],
+    )
+
+
+def test_a_load_asked_for_starts_every_replica_that_fits_spread_over_cards() -> None:
+    settings = cards(anywhere("a", 7, replicas=2, slots=1))
+    play(
+        settings,
+        [
+            (
+                LoadRequested("a"),
+                [Spawn(1, "a", (0,), "load requested", None), Spawn(2, "a", (1,), "load requested", None)],
+            ),
+        ],
     )
