@@ -18,6 +18,7 @@ from statemachine import (
     KillCause,
     LoadRequested,
     ModelSpec,
+    PeerSpec,
     Policy,
     PoolSpec,
     ReplicaExited,
@@ -170,6 +171,18 @@ def test_a_model_that_can_never_load_is_not_kept_wanted() -> None:
         ],
     )
     assert state.wanted == ()
+
+
+def test_a_load_asked_for_a_refused_or_peer_model_starts_nothing_here() -> None:
+    """A model placement refused, or one a peer serves, has nothing to load here: asking for it starts no
+    replica and keeps nothing wanted.
+    checks: INV-LOAD-ASKED"""
+    settings = Settings(
+        models=[ModelSpec("big", refusal="too big"), ModelSpec("far", gpus=(), peer="attic")],
+        peers=[PeerSpec("attic")],
+    )
+    state = play(settings, [(LoadRequested("big"), []), (LoadRequested("far"), [])])
+    assert state.wanted == () and not state.replicas
 
 
 # ------------------------------------------------------------------------------------------- abandoned
