@@ -38,7 +38,6 @@ Prints Markdown tables and writes outputs/benchmark-placement.json.
 from __future__ import annotations
 
 import argparse
-import heapq
 import itertools
 import random
 import sys
@@ -48,27 +47,9 @@ from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_swaps import STOP
+from benchmarks.closed_loop import ClosedLoop
 from benchmarks.results import percentile, print_table, write_result
-from statemachine import (
-    DeviceSpec,
-    Dispatch,
-    Event,
-    Kill,
-    ModelSpec,
-    Placement,
-    Policy,
-    ReplicaExited,
-    ReplicaReady,
-    RequestArrived,
-    RequestFinished,
-    Settings,
-    Spawn,
-    Tick,
-    WakeAt,
-    initial_state,
-    step,
-)
+from statemachine import DeviceSpec, ModelSpec, Placement, Policy, Settings
 
 GIB = 1 << 30
 # The six models: name -> GiB one replica takes, and how often an agent switching model picks it.
@@ -185,6 +166,30 @@ def assignments(
     ]
 
 
+class _Scripts(ClosedLoop):
+    """Each agent plays its script: a request for the turn's model, then the turn's think time."""
+
+    def __init__(self, settings: Settings, load: float, scripts: list[list[Turn]]) -> None:
+        super().__init__(settings, load)
+        self.scripts = scripts
+        self.done = [0] * len(scripts)
+
+    def turn(self, agent: int) -> Turn:
+        return self.scripts[agent][self.done[agent]]
+
+    def send(self, agent: int) -> None:
+        self.arrive(agent, self.turn(agent).model)
+
+    def service(self, rid: int) -> float:
+        return self.turn(self.owner[rid]).service
+
+    def finished(self, agent: int) -> None:
+        think = self.turn(agent).think
+        self.done[agent] += 1
+        if self.done[agent] < len(self.scripts[agent]):
+            self.later(self.now + think, ("send", agent))
+
+
 def simulate(
     settings: Settings, scripts: list[list[Turn]], load: float, give_up: int | None = None
 ) -> dict[str, Any]:
@@ -192,83 +197,24 @@ def simulate(
 
     ``give_up``: stop as soon as the swaps exceed it (``stopped`` is then true and the figures are partial):
     enough to know that a fixed assignment swaps more than ``any``."""
-    state = initial_state(settings)
-    pending: list[tuple[float, int, object]] = []
-    order = itertools.count()
-    now = total = 0.0
-    rids = itertools.count(1)
-    owner: dict[int, int] = {}
-    sent: dict[int, float] = {}
-    waits: list[float] = []
-    done = [0] * len(scripts)
-    first: dict[str, int] = {}
-    used: set[int] = set()
-    loads = 0
-    killed: set[int] = set()
-
-    def later(at: float, what: object) -> None:
-        heapq.heappush(pending, (at, next(order), what))
-
-    def feed(event: Event) -> None:
-        nonlocal state, loads
-        state, commands = step(state, event)
-        for command in commands:
-            match command:
-                case Spawn(replica=replica, model=model, gpus=gpus):
-                    loads += 1
-                    first.setdefault(model, gpus[0])
-                    used.update(gpus)
-                    later(now + load, ReplicaReady(replica))
-                case Kill(replica=replica):
-                    killed.add(replica)
-                    later(now + STOP, ReplicaExited(replica, "stopped"))
-                case Dispatch(rid=rid):
-                    waits.append(now - sent[rid])
-                    turn = scripts[owner[rid]][done[owner[rid]]]
-                    later(now + turn.service, RequestFinished(rid))
-                case WakeAt(at=at):
-                    later(at, Tick(at))
-
-    def send(agent: int) -> None:
-        rid = next(rids)
-        owner[rid], sent[rid] = agent, now
-        feed(RequestArrived(rid, scripts[agent][done[agent]].model))
-
+    loop = _Scripts(settings, load, scripts)
     for agent in range(len(scripts)):
-        later(0.0, ("send", agent))
-    while pending and not (give_up is not None and loads - len(first) > give_up):
-        at, _, what = heapq.heappop(pending)
-        if at > now:
-            now = at
-            feed(Tick(now))
-        if isinstance(what, tuple):
-            send(what[1])
-        elif isinstance(what, Tick) or (isinstance(what, ReplicaReady) and what.replica in killed):
-            continue  # a stopped replica reports no readiness
-        else:
-            feed(what)  # type: ignore[arg-type]
-            if isinstance(what, RequestFinished):
-                agent = owner[what.rid]
-                think = scripts[agent][done[agent]].think
-                done[agent] += 1
-                total = now
-                if done[agent] < len(scripts[agent]):
-                    later(now + think, ("send", agent))
-    answered = sum(done)
-    swaps = loads - len(first)
+        loop.later(0.0, ("send", agent))
+    loop.run(lambda: give_up is not None and loop.swaps > give_up)
+    answered, swaps, waits = sum(loop.done), loop.swaps, loop.waits
     return {
         "requests": sum(len(s) for s in scripts),
         "answered": answered,
-        "stopped": bool(pending),
-        "loads": loads,
+        "stopped": bool(loop.pending),
+        "loads": len(loop.spawns),
         "swaps": swaps,
         "swaps_per_100": round(100 * swaps / answered, 1),
         "p50_wait_s": round(percentile(waits, 50) or 0.0, 1),
         "p95_wait_s": round(percentile(waits, 95) or 0.0, 1),
         "max_wait_s": round(max(waits), 1),
-        "total_s": round(total, 1),
-        "cards_used": sorted(used),
-        "first_placement": dict(sorted(first.items())),
+        "total_s": round(loop.total, 1),
+        "cards_used": sorted({g for spawn in loop.spawns for g in spawn.gpus}),
+        "first_placement": {model: gpus[0] for model, gpus in sorted(loop.first.items())},
     }
 
 

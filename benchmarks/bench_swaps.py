@@ -21,8 +21,6 @@ Prints a table and writes outputs/benchmark-swaps.json.
 from __future__ import annotations
 
 import argparse
-import heapq
-import itertools
 import json
 import statistics
 import sys
@@ -31,23 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from statemachine import (  # noqa: E402
-    Dispatch,
-    Event,
-    Kill,
-    ModelSpec,
-    Policy,
-    ReplicaExited,
-    ReplicaReady,
-    RequestArrived,
-    RequestFinished,
-    Settings,
-    Spawn,
-    Tick,
-    WakeAt,
-    initial_state,
-    step,
-)
+from benchmarks.closed_loop import STOP, ClosedLoop  # noqa: E402
+from statemachine import ModelSpec, Policy, Settings  # noqa: E402
 
 POLICIES = {
     "strict": Policy(queue_head_grace=0.0),
@@ -56,72 +39,43 @@ POLICIES = {
 }
 
 
-STOP = 0.5
 WINDOW = 30.0
+
+
+class _Agents(ClosedLoop):
+    """Agents that each send ``requests`` requests for their model, ``think`` seconds after each reply."""
+
+    def __init__(
+        self, settings: Settings, load: float, agents: list[str], service: float, think: float, requests: int
+    ) -> None:
+        super().__init__(settings, load)
+        self.agents, self.seconds, self.think, self.requests = agents, service, think, requests
+        self.count = [0] * len(agents)
+        self.answered = 0
+
+    def send(self, agent: int) -> None:
+        if self.count[agent] == self.requests:
+            return
+        self.count[agent] += 1
+        self.arrive(agent, self.agents[agent])
+
+    def service(self, rid: int) -> float:
+        return self.seconds
+
+    def finished(self, agent: int) -> None:
+        self.answered += 1
+        self.later(self.now + self.think, ("send", agent))
 
 
 def simulate(
     policy: Policy, agents: list[str], load: float, service: float, think: float, requests: int
 ) -> dict:
-    state = initial_state(Settings(models=[ModelSpec("a"), ModelSpec("b")], policy=policy))
-    pending: list[tuple[float, int, object]] = []
-    order = itertools.count()
-    now = 0.0
-    rids = itertools.count(1)
-    owner: dict[int, int] = {}
-    sent: dict[int, float] = {}
-    waits: list[float] = []
-    count = [0] * len(agents)
-    answered = 0
-    loads = 0
-    killed: set[int] = set()
-
-    def later(at: float, what: object) -> None:
-        heapq.heappush(pending, (at, next(order), what))
-
-    def feed(event: Event) -> None:
-        nonlocal state, loads
-        state, commands = step(state, event)
-        for command in commands:
-            match command:
-                case Spawn(replica=replica):
-                    loads += 1
-                    later(now + load, ReplicaReady(replica))
-                case Kill(replica=replica):
-                    killed.add(replica)
-                    later(now + STOP, ReplicaExited(replica, "stopped"))
-                case Dispatch(rid=rid):
-                    waits.append(now - sent[rid])
-                    later(now + service, RequestFinished(rid))
-                case WakeAt(at=at):
-                    later(at, Tick(at))
-
-    def send(agent: int) -> None:
-        if count[agent] == requests:
-            return
-        count[agent] += 1
-        rid = next(rids)
-        owner[rid], sent[rid] = agent, now
-        feed(RequestArrived(rid, agents[agent]))
-
+    settings = Settings(models=[ModelSpec("a"), ModelSpec("b")], policy=policy)
+    loop = _Agents(settings, load, agents, service, think, requests)
     for agent in range(len(agents)):
-        later(agent * think, ("send", agent))
-    while pending:
-        at, _, what = heapq.heappop(pending)
-        if at > now:
-            now = at
-            feed(Tick(now))
-        if isinstance(what, tuple):
-            send(what[1])
-        elif isinstance(what, Tick) or (isinstance(what, ReplicaReady) and what.replica in killed):
-            continue  # a stopped replica reports no readiness
-        else:
-            feed(what)  # type: ignore[arg-type]
-            if isinstance(what, RequestFinished):
-                answered += 1
-                total = now
-                later(now + think, ("send", owner[what.rid]))
-    waits.sort()
+        loop.later(agent * think, ("send", agent))
+    loop.run()
+    waits, loads, answered, total = sorted(loop.waits), len(loop.spawns), loop.answered, loop.total
     bound = WINDOW + service + STOP + load
     return {
         "loads": loads,
