@@ -44,7 +44,7 @@ async def test_a_later_standard_request_goes_before_queued_batch_work(tmp_path: 
             return [r.klass.label for r in queued]
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(run, "long", 600)
+            nursery.start_soon(run, "long", 1800)  # long enough to still run while four more queue
             await started.wait()
             for index in range(3):
                 nursery.start_soon(run, f"batch{index}", 6, BATCH)
