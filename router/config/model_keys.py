@@ -12,11 +12,22 @@ from __future__ import annotations
 from router.config.keyspec import BOOLEAN, INTEGER, NUMBER, PATH, STRING_LIST, KeySpec
 
 # Model keys that [defaults] may also set; a model's own value wins.
-DEFAULTABLE_MODEL_KEYS: tuple[str, ...] = ("cram", "kv_store", "gpus", "gpus_max", "spread")
+DEFAULTABLE_MODEL_KEYS: tuple[str, ...] = (
+    "cram",
+    "kv_store",
+    "gpus",
+    "gpus_max",
+    "spread",
+    "env",
+    "set_params",
+    "strip_params",
+)
 
 GPUS_TYPE = 'list of GPU ids, "all", "any" or -1'
 PRICING_TYPE = "table of numbers"
 EFFORT_TYPE = "table"
+ENV_TYPE = "table of strings"
+PARAMS_TYPE = "table"
 
 MODEL_KEYS: tuple[KeySpec, ...] = (
     KeySpec(
@@ -128,6 +139,53 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
         "Reasoning effort levels the model offers, shown in /v1/models.",
         rule="a table: `options`, a non-empty list of distinct strings, and optionally `default`, one "
         "of them, and `disable`, the level that turns reasoning off",
+    ),
+    KeySpec(
+        "llama_server",
+        PATH,
+        None,
+        "The llama-server binary this model's replicas run instead of `router.llama_server` (another "
+        "build: Vulkan, ROCm, a newer release). Checked at startup and on every reload like that one: it "
+        "must be an executable file (a bare name is looked up on PATH) whose `--help` lists llama-server's "
+        "flags, and the model's flags (and those of `[defaults]`) are checked against that list.",
+        default_text="router.llama_server",
+        rule="a non-empty path string naming an executable llama-server",
+    ),
+    KeySpec(
+        "env",
+        ENV_TYPE,
+        None,
+        'Environment variables added to this model\'s replicas (`{ GGML_VK_PREFER_HOST_MEMORY = "1" }`); '
+        "an integer value is written as its digits. The GPU masks the router sets itself "
+        "(`CUDA_VISIBLE_DEVICES`, `CUDA_DEVICE_ORDER`, `HIP_VISIBLE_DEVICES`, `ROCR_VISIBLE_DEVICES`, "
+        "`GPU_DEVICE_ORDINAL`, `GGML_VK_VISIBLE_DEVICES`, `ONEAPI_DEVICE_SELECTOR`: use `gpus`) and the "
+        "variables llama-server reads as flags (`LLAMA_ARG_*`, `LLAMA_API_KEY`: write the flag as a key) "
+        "are refused. Replicas restart when it changes on reload. Also settable in `[defaults]` (a model's "
+        "own table replaces it whole).",
+        default_text="{}",
+        rule="a table of variable names (letters, digits, _) to strings or integers",
+    ),
+    KeySpec(
+        "set_params",
+        PARAMS_TYPE,
+        None,
+        "Request body fields forced on every request this model serves, over what the client sent "
+        "(`{ temperature = 0.2, top_k = 40 }`), on every endpoint relayed to its replicas (a pool's "
+        "request gets those of the member that serves it; a request relayed to a peer router gets that "
+        "router's filters). Bodies that are not a JSON object pass unchanged. Shown on /props. Also "
+        "settable in `[defaults]` (a model's own table replaces it whole).",
+        default_text="{}",
+        rule="a table of field names (not `model`, `stream`, `messages`, `prompt`, `input`) to JSON values",
+    ),
+    KeySpec(
+        "strip_params",
+        STRING_LIST,
+        None,
+        "Request body fields removed from every request this model serves, like `set_params`. A field is "
+        "set or stripped, not both. A model with neither key gets the client's body byte for byte. Also "
+        "settable in `[defaults]`.",
+        default_text="[]",
+        rule="a list of distinct field names (not `model`, `stream`, `messages`, `prompt`, `input`)",
     ),
 )
 

@@ -14,6 +14,8 @@ from typing import Any
 from router.config.key_specs import KEY_KEYS
 from router.config.keyspec import InvalidValue, KeySpec, check_value, render_value
 from router.config.llama_args import flag_identity, router_owned_hint
+from router.config.model_extras import EXTRA_PARSERS as _EXTRAS
+from router.config.model_extras import check_model_filters
 from router.config.model_keys import DEFAULTABLE_MODEL_KEYS, EFFORT_KEYS, MODEL_KEYS, PRICING_KEYS
 from router.config.schema import CACHE_TYPES, DEVICE_KEYS, POOL_KEYS
 from router.config.values import (
@@ -152,6 +154,10 @@ def parse_flags(
             continue
         if not in_model and key.lstrip("-") in DEFAULTABLE_MODEL_KEYS:
             raise doc.invalid(dotted, value, f"write the router key without dashes: {key.lstrip('-')}")
+        if not in_model and key == "llama_server":
+            raise doc.invalid(
+                dotted, value, "set router.llama_server for every model, or llama_server in [models.NAME]"
+            )
         if not in_model and key in _MODEL_ROUTER_KEYS:
             raise doc.invalid(dotted, value, f"{key} is a per-model key; set it in [models.NAME]")
         if (
@@ -225,10 +231,14 @@ def parse_model_defaults(doc: Doc, table: Mapping[str, Any]) -> tuple[dict[str, 
     keys = {
         key: doc.check("defaults", specs[key], value)
         for key, value in table.items()
-        if key in DEFAULTABLE_MODEL_KEYS and value is not None and key != "gpus"
+        if key in DEFAULTABLE_MODEL_KEYS and value is not None and key != "gpus" and key not in _EXTRAS
     }
     if table.get("gpus") is not None:
         keys["gpus"] = _gpus(doc, "defaults.gpus", table["gpus"], None)
+    for key, parse in _EXTRAS.items():
+        if key in DEFAULTABLE_MODEL_KEYS and table.get(key) is not None:
+            keys[key] = parse(doc, f"defaults.{key}", table[key])
+    check_model_filters(doc, "defaults", table, keys)
     return keys, {key: value for key, value in table.items() if key not in DEFAULTABLE_MODEL_KEYS}
 
 
@@ -267,6 +277,8 @@ def parse_model(
             values["pricing"] = _pricing(doc, f"{prefix}.pricing", value)
         elif spec.name == "reasoning_effort":
             values["reasoning_effort"] = _effort(doc, f"{prefix}.reasoning_effort", value)
+        elif spec.name in _EXTRAS:
+            values[spec.name] = _EXTRAS[spec.name](doc, f"{prefix}.{spec.name}", value)
         else:
             values[spec.name] = doc.check(prefix, specs[spec.name], value)
     for i, alias in enumerate(values["aliases"]):
@@ -297,6 +309,7 @@ def parse_model(
             values["ttl"],
             "a pinned model is never unloaded; remove ttl or set pinned = false",
         )
+    check_model_filters(doc, prefix, table, values)
     flags = parse_flags(doc, prefix, {k: v for k, v in table.items() if k not in specs}, in_model=True)
     return ModelConfig(
         name=name,

@@ -93,6 +93,14 @@ def _tuple(value: Iterable[Any]) -> tuple[Any, ...]:
     return tuple(value)
 
 
+def _map_or_empty(value: Mapping[str, Any] | None) -> FrozenMap[str, Any]:
+    return FrozenMap() if value is None else _frozen_map(value)
+
+
+def _tuple_or_empty(value: Iterable[Any] | None) -> tuple[Any, ...]:
+    return () if value is None else tuple(value)
+
+
 def _gpus(value: GpuSelection | Iterable[int]) -> GpuSelection:
     if value in (ALL_GPUS, ANY_GPUS):
         return value  # type: ignore[return-value]
@@ -112,7 +120,11 @@ class ModelConfig:
     replica, ``[defaults]`` already applied) None means sized by placement. ``gpus_named`` says whether the
     table, ``[defaults]`` or ``num_gpus`` chose ``gpus`` (see ``router.deploy.cpu_host``). ``extra_args``
     holds every other key of the table as (key as written, value) pairs in file order: llama-server flags,
-    rendered by ``router.config.llama_args``.
+    rendered by ``router.config.llama_args``. ``llama_server`` is the model's own binary as written (a path
+    made absolute from the config file's directory, or a bare name for PATH; None: the router's); ``env``
+    the variables added to its replicas' environment; ``set_params`` (frozen JSON values) and
+    ``strip_params`` the request body fields forced and removed (``router.http.body_filters``). ``[defaults]``
+    is already applied to all four.
     """
 
     name: str
@@ -135,6 +147,15 @@ class ModelConfig:
     gpus_max: int | None = None
     spread: bool = True
     gpus_named: bool = True  # False: gpus is the default, set by nobody (a host without GPUs moves it)
+    llama_server: str | None = None
+    env: FrozenMap[str, str] = attrs.field(factory=FrozenMap, converter=_map_or_empty)
+    set_params: FrozenMap[str, Any] = attrs.field(factory=FrozenMap, converter=_map_or_empty)
+    strip_params: tuple[str, ...] = attrs.field(default=(), converter=_tuple_or_empty)
+
+    @property
+    def filters_body(self) -> bool:
+        """Whether requests to this model have body fields set or stripped (else they pass byte for byte)."""
+        return bool(self.set_params or self.strip_params)
 
 
 @attrs.frozen
