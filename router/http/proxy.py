@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Iterable
 import attrs
 import trio
 
+from router.http.body_filters import filtered_for
 from router.http.browser_guard import drop_cors
 from router.http.errors import HttpCode, sse_error, status_of
 from router.http.peer_relay import PeerRelay
@@ -222,6 +223,8 @@ class Proxy:
             pooled = ticket.target in self.view.state.settings.pools
             if pooled and ticket.model is not None and ticket.model != ticket.target:
                 body = name_member(body, ticket.model)
+            if ticket.model is not None:  # the serving model's set_params / strip_params
+                body = filtered_for(self.view.config.models.get(ticket.model), body)
             try:
                 upstream = await self._connect(ticket, method, target, headers, body)
             except UpstreamError as exc:

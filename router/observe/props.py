@@ -1,7 +1,8 @@
 """The document of GET /props: what the router serves and how much it can take, at a glance.
 
 Every configured model with its capacity (slots per replica, replicas, the requests in flight on them and
-those waiting for it by name, and how far its loading replicas have come), every pool with its members in
+those waiting for it by name, and how far its loading replicas have come) and its request filters (the
+body fields its ``set_params`` forces and its ``strip_params`` removes), every pool with its members in
 priority order, the members that may serve it (all with ``fallback``, else the first) and the requests sent
 to it by name that are in flight or waiting, and the totals with the limits that bound waiting. The figures
 are the ones /status shows (:func:`router.observe.status.capacity_entry`); /status adds the queue, GPUs,
@@ -13,6 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from router.config.load import Config
+from router.config.model_extras import thawed_json
+from router.config.values import ModelConfig
 from router.observe.status import capacity_entry, waiting_for
 from router.shell.views import RouterView
 from statemachine import RequestPhase, queries, serving_models
@@ -28,6 +31,11 @@ def loads_of(view: RouterView, model: str) -> list[dict[str, Any]]:
     return loads
 
 
+def filters_entry(model: ModelConfig) -> dict[str, Any]:
+    """The body fields the model's requests get forced (``set_params``) and lose (``strip_params``)."""
+    return {"set_params": thawed_json(model.set_params), "strip_params": list(model.strip_params)}
+
+
 def props_document(config: Config, view: RouterView) -> dict[str, Any]:
     state = view.state
     settings = state.settings
@@ -38,6 +46,7 @@ def props_document(config: Config, view: RouterView) -> dict[str, Any]:
             {
                 "id": name,
                 "aliases": list(config.models[name].aliases),
+                "filters": filters_entry(config.models[name]),
                 **{k: v for k, v in entry.items() if k != "model"},
                 "waiting": waiting_for(state, name),
                 "loading": loads_of(view, name),
