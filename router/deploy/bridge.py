@@ -15,6 +15,7 @@ import json
 import logging
 import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -25,10 +26,12 @@ from router.config.source import ConfigSource
 from router.deploy.anywhere import anywhere_decision, anywhere_inputs, explain_anywhere
 from router.deploy.cpu_host import build_devices, on_cpu_host
 from router.deploy.launch import ModelDecision, default_decision, gpu_ids
-from router.deploy.masking import Masks, device_masks
+from router.deploy.masking import Masks, device_masks, has_backend_libraries
 from router.deploy.memory_flags import flash_attn, memory_flags
 from router.deploy.rpc_devices import model_devices, rpc_devices
 from router.hosts.gpu_monitor import GpuMonitor, Ours
+from router.hosts.model_binaries import usable_binary
+from router.hosts.server_devices import listed_devices
 from router.placement.budgets import DeviceBudget, gather_budgets, host_budget
 from router.placement.footprint import CPU
 from router.placement.model_plan import ModelPlan, PlacementInput
@@ -117,10 +120,27 @@ def plan(
 class Host:
     """The configuration as this host runs it (on a host without GPUs, the models that name none are on the
     CPU: ``router.deploy.cpu_host``) and the masks of a Vulkan or SYCL build's devices
-    (``router.deploy.masking``)."""
+    (``router.deploy.masking``): the router's binary's, and those of each other binary a model names
+    (``binary_masks``, by path)."""
 
     config: Config
     masks: Masks = attrs.field(factory=Masks)
+    binary_masks: Mapping[str, Masks] = attrs.field(factory=dict)
+
+
+def binary_masks(
+    config: Config, router_binary: Path | None, gpus: Mapping[int, DeviceBudget], ids: tuple[int, ...]
+) -> dict[str, Masks]:
+    """The device masks of every binary a model names besides the router's, asked (``--list-devices``) on
+    the same terms as the router's own: no GPU was read, or a Vulkan or SYCL backend sits beside it."""
+    out: dict[str, Masks] = {}
+    for model in config.models.values():
+        binary = usable_binary(model)
+        if binary is None or binary == router_binary or str(binary) in out:
+            continue
+        listed = listed_devices(binary) if not gpus or has_backend_libraries(binary) else None
+        out[str(binary)] = device_masks(listed or (), gpus, ids)
+    return out
 
 
 def hosted_plan(
@@ -175,7 +195,8 @@ def hosted_plan(
     explain_anywhere(document, placed)
     if document["host"]["warning"]:
         log.warning("%s", document["host"]["warning"])
-    return Host(config, masks), ids, scheduler_budgets, decisions, document
+    host = Host(config, masks, binary_masks(config, binary, gpus, ids))
+    return host, ids, scheduler_budgets, decisions, document
 
 
 def plan_command(source: ConfigSource, *, as_json: bool) -> int:

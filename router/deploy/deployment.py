@@ -1,8 +1,10 @@
 """A deployment: everything decided from one configuration before the router uses it.
 
-``prepare(config)`` locates llama-server, plans placement, builds the scheduler's settings and the launch
-recipe of every model, and refuses what cannot work (a model file that cannot be read, a pass-through key
-that is no flag of that llama-server, unknown GPU ids, pinned models that cannot all stay resident).
+``prepare(config)`` locates llama-server (and the binaries models name of their own), plans placement, builds
+the scheduler's settings and the launch recipe of every model, and refuses what cannot work (a model's
+binary that is missing or whose ``--help`` lists no flags, a model file that cannot be read, a pass-through
+key that is no flag of the llama-server that gets it, unknown GPU ids, pinned models that cannot all stay
+resident).
 Startup uses it once; a reload uses it again for the new file and swaps only when it succeeds.
 """
 
@@ -20,6 +22,7 @@ from router.deploy.launch import ModelLaunch, check_pinned, launches, scheduler_
 from router.deploy.masking import Masks
 from router.hosts.gpu_monitor import GpuMonitor, Ours
 from router.hosts.locate import find_llama_server
+from router.hosts.model_binaries import model_binaries
 from router.hosts.server_flags import accepted_flags, check_flags
 from statemachine import Settings
 
@@ -42,9 +45,9 @@ def prepare(config: Config, monitor: GpuMonitor | None = None, ours: Ours | None
     :func:`router.deploy.bridge.plan` (a reload passes the running router's, so that its own replicas
     do not count against the budgets)."""
     binary = find_llama_server(config.router.llama_server)
+    own = model_binaries(config)
     accepted = accepted_flags(binary)
-    if accepted is not None:
-        check_flags(config, binary, accepted)
+    check_flags(config, binary, accepted, own)
     check_model_files(config)
     host, ids, budgets, decisions, document = hosted_plan(config, monitor, ours)
     config = host.config
@@ -56,17 +59,22 @@ def prepare(config: Config, monitor: GpuMonitor | None = None, ours: Ours | None
             log.error("model %s cannot be served: %s", name, decision.refusal)
     keys = tuple(key.encode() for key in read_api_keys(config))
     slot_saves = accepted is None or "--slot-save-path" in accepted
-    built = launches(config, str(binary), ids, decisions)
+    binaries = {name: str(path) for name, (path, _) in own.items()}
+    built = launches(config, str(binary), ids, decisions, binaries, host.binary_masks)
     return Deployment(config, settings, built, document, keys, slot_saves, host.masks)
 
 
 def changed_models(old: Deployment, new: Deployment) -> frozenset[str]:
-    """Models whose running replicas no longer match the new deployment (removed, or started differently)."""
+    """Models whose running replicas no longer match the new deployment (removed, or started differently:
+    another command line, other GPUs, slots or replicas, another ``env``)."""
     changed = set()
     for name, launch in old.launches.items():
         fresh = new.launches.get(name)
         if fresh is None or fresh.argv(0) != launch.argv(0) or fresh.gpus != launch.gpus:
             changed.add(name)
+            continue
+        if (fresh.model.env, fresh.masks) != (launch.model.env, launch.masks):
+            changed.add(name)  # its env, or the device masks of its own binary
             continue
         before, after = old.settings.models[name], new.settings.models[name]
         if (before.slots, before.replicas) != (after.slots, after.replicas):

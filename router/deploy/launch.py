@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from router.config.llama_args import llama_server_argv
+from router.config.llama_args import gpu_env, llama_server_argv
 from router.config.load import Config, ConfigError, resolve_gpus
 from router.config.values import KeyConfig, ModelConfig, RouterSettings
+from router.deploy.masking import Masks
 from router.deploy.rpc_devices import exclusive_need, model_devices, rpc_argv, rpc_devices
 from router.placement.prompt_cache import CRAM_MIN_MIB
 
@@ -30,7 +31,9 @@ class ModelLaunch:
 
     ``gpus`` are the local GPUs (masked for the replica); ``rpc`` the words that reach its RPC devices
     (``--rpc host:port,...``, empty without any). ``tensor_split`` is in llama.cpp's device order: RPC
-    devices first, then the GPUs.
+    devices first, then the GPUs. ``binary`` is the model's own llama-server where it names one; ``masks``
+    the device masks of that binary's Vulkan or SYCL backend (None: the router's binary's, which the
+    deployment holds).
     """
 
     model: ModelConfig
@@ -44,6 +47,14 @@ class ModelLaunch:
     rpc: tuple[str, ...] = ()
     # A model the scheduler places: the layer split of each GPU set it may load on.
     splits: Mapping[tuple[int, ...], tuple[int, ...]] = attrs.field(factory=dict)
+    masks: Masks | None = None
+
+    def environment(self, gpus: Sequence[int], masks: Masks) -> dict[str, str]:
+        """The variables a replica on ``gpus`` gets besides the router's own environment: the model's
+        ``env``, then the masks that show it only its GPUs (``masks``: the router's binary's, used unless
+        this model's binary has its own); the model's ``env`` never names a mask (the config refuses it)."""
+        own = self.masks if self.masks is not None else masks
+        return dict(self.model.env) | gpu_env(gpus) | own.env(gpus)
 
     def on(self, gpus: tuple[int, ...]) -> ModelLaunch:
         """How a replica on ``gpus`` starts: for a model the scheduler places, with that set's layer split."""
@@ -113,14 +124,23 @@ def default_decision(model: ModelConfig) -> ModelDecision:
 
 
 def launches(
-    config: Config, binary: str, ids: Sequence[int], decisions: Mapping[str, ModelDecision]
+    config: Config,
+    binary: str,
+    ids: Sequence[int],
+    decisions: Mapping[str, ModelDecision],
+    own: Mapping[str, str] | None = None,
+    masks: Mapping[str, Masks] | None = None,
 ) -> dict[str, ModelLaunch]:
+    """How each model's replicas start; ``own`` maps a model with a binary of its own to that binary, and
+    ``masks`` such a binary to its devices' masks."""
+    own, masks = own or {}, masks or {}
     out = {}
     for name, model in config.models.items():
         decision = decisions.get(name) or default_decision(model)
+        their = own.get(name, binary)
         out[name] = ModelLaunch(
             model=model,
-            binary=binary,
+            binary=their,
             defaults=config.defaults,
             gpus=resolve_gpus(model, ids),
             ctx=decision.ctx,
@@ -129,6 +149,7 @@ def launches(
             cram_mib=decision.cram_mib,
             rpc=rpc_argv(config, model),
             splits={gpus: split for gpus, (_, split) in decision.choices.items()},
+            masks=masks.get(their) if their != binary else None,
         )
     return out
 

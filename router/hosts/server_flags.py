@@ -5,9 +5,12 @@
 directory as ``flags-<hash>.json`` (``router.hosts.binary_cache``), keyed by the binary's absolute path,
 modification time and size, so a rebuilt binary is asked again. A binary that cannot be run, or whose
 ``--help`` lists no flags, gives None: the caller skips the check (one warning per binary).
+``read_flags(binary)`` gives the reason instead of None, for a model's own binary, which is refused then.
 
-``check_flags(config, binary, accepted)`` refuses pass-through keys of ``[defaults]`` and the model tables
-that llama-server would refuse at launch, naming the key, its value and the likely fix ("did you mean").
+``check_flags(config, binary, accepted, own)`` refuses pass-through keys of ``[defaults]`` and the model
+tables that llama-server would refuse at launch, naming the key, its value and the likely fix ("did you
+mean"). A model with a binary of its own (``own``) has its flags, and the ``[defaults]`` it gets, checked
+against that binary's list.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import difflib
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from router.config.keyspec import render_value
@@ -48,6 +51,7 @@ _OWNED_BY_KEY = {
 _MODEL_KEYS = tuple(spec.name for spec in MODEL_KEYS)
 
 _memo: dict[Key, frozenset[str] | None] = {}
+_why: dict[Key, str] = {}  # why the flags of a binary in _memo as None cannot be known
 
 
 def parse_help(text: str) -> frozenset[str]:
@@ -82,24 +86,41 @@ def _cached_flags(key: Key) -> frozenset[str] | None:
     return frozenset(flags)
 
 
-def accepted_flags(binary: Path) -> frozenset[str] | None:
-    """The flag spellings ``binary`` accepts, from its ``--help`` (cached); None when they cannot be known."""
+def read_flags(binary: Path) -> frozenset[str] | str:
+    """The flag spellings ``binary`` accepts, from its ``--help`` (cached), or why they cannot be known."""
     try:
         key = binary_key(binary)
     except OSError as exc:
-        log.warning("llama-server flags are not checked: cannot read %s: %s", binary, exc.strerror or exc)
-        return None
+        return f"cannot read {binary}: {exc.strerror or exc}"
     if key in _memo:
-        return _memo[key]
+        return _memo[key] or _why.get(key, f"`{binary} --help` printed no llama-server flag list")
     flags = _cached_flags(key)
+    why = ""
     if flags is None:
         flags, why = _run_help(binary)
-        if flags is None:
-            log.warning("llama-server flags in the config are not checked: %s", why)
-        else:
+        if flags is not None:
             write_cached(CACHE_KIND, key, {"flags": sorted(flags)})
     _memo[key] = flags
+    if flags is None:
+        _why[key] = why
+        return why
     return flags
+
+
+def accepted_flags(binary: Path) -> frozenset[str] | None:
+    """The flag spellings ``binary`` accepts, from its ``--help`` (cached); None when they cannot be known
+    (with a warning, once per binary)."""
+    try:
+        key: Key | None = binary_key(binary)
+    except OSError:
+        key = None
+    fresh = key is None or key not in _memo
+    flags = read_flags(binary)
+    if isinstance(flags, frozenset):
+        return flags
+    if fresh:
+        log.warning("llama-server flags in the config are not checked: %s", flags)
+    return None
 
 
 def _suggestion(name: str, accepted: frozenset[str], in_model: bool) -> str:
@@ -149,22 +170,51 @@ def flag_problem(key: str, accepted: frozenset[str], *, in_model: bool) -> str |
     return _suggestion(name, accepted, in_model) or "; remove it or correct its spelling"
 
 
-def _tables(config: Config) -> Iterable[tuple[str, Iterable[tuple[str, FlagValue]], bool]]:
-    yield "defaults", config.defaults.items(), False
+def _tables(
+    config: Config,
+    binary: Path,
+    accepted: frozenset[str] | None,
+    own: Mapping[str, tuple[Path, frozenset[str]]],
+) -> Iterable[tuple[str, Iterable[tuple[str, FlagValue]], bool, Path, frozenset[str], str]]:
+    """(prefix, flags, in a model's table, the binary that gets them, its flags, the model whose own binary
+    that is, or "")."""
+    if accepted is not None:
+        yield "defaults", config.defaults.items(), False, binary, accepted, ""
     for name, model in config.models.items():
-        yield f"models.{name}", model.extra_args, True
+        if name in own:
+            their, flags = own[name]
+            overridden = {flag_identity(key) for key, _ in model.extra_args}
+            inherited = [(k, v) for k, v in config.defaults.items() if flag_identity(k) not in overridden]
+            # `key = false` that only drops a default renders nothing: that binary need not know the flag.
+            dropped = {flag_identity(key) for key in config.defaults}
+            table = [(k, v) for k, v in model.extra_args if v is not False or flag_identity(k) not in dropped]
+            yield "defaults", inherited, False, their, flags, name
+            yield f"models.{name}", table, True, their, flags, name
+        elif accepted is not None:
+            yield f"models.{name}", model.extra_args, True, binary, accepted, ""
 
 
-def check_flags(config: Config, binary: Path, accepted: frozenset[str]) -> None:
-    """Raise ConfigError for the first pass-through key of [defaults] or a model that llama-server does not
-    accept."""
-    for prefix, flags, in_model in _tables(config):
+def check_flags(
+    config: Config,
+    binary: Path,
+    accepted: frozenset[str] | None,
+    own: Mapping[str, tuple[Path, frozenset[str]]] | None = None,
+) -> None:
+    """Raise ConfigError for the first pass-through key of [defaults] or a model that its llama-server does
+    not accept: ``binary`` (whose flags are ``accepted``; None: not checked) for the models in no entry of
+    ``own``, which maps a model with a binary of its own to that binary and its flags."""
+    for prefix, flags, in_model, checked, known, owner in _tables(config, binary, accepted, own or {}):
         for key, value in flags:
-            problem = flag_problem(key, accepted, in_model=in_model)
-            if problem is not None:
-                raise ConfigError(
-                    config.path,
-                    f"{prefix}.{key} = {render_value(value)} is not a flag of llama-server "
-                    f"({binary} --help){problem}",
-                    key=f"{prefix}.{key}",
-                )
+            problem = flag_problem(key, known, in_model=in_model)
+            if problem is None:
+                continue
+            where = f"{checked} --help"
+            if owner:
+                where += f", the llama_server of models.{owner}"
+                if not in_model:
+                    problem += f"; or set {key} = false in [models.{owner}] to leave it out there"
+            raise ConfigError(
+                config.path,
+                f"{prefix}.{key} = {render_value(value)} is not a flag of llama-server ({where}){problem}",
+                key=f"{prefix}.{key}",
+            )

@@ -17,7 +17,6 @@ from typing import Any
 import httpx
 import trio
 
-from router.config.llama_args import gpu_env
 from router.config.load import Config, config_dir
 from router.config.source import ConfigSource
 from router.deploy.deployment import Deployment
@@ -371,7 +370,7 @@ class Router:
             replica_id=command.replica,
             model=command.model,
             argv=argv,
-            env=gpu_env(gpus) | self.deployment.masks.env(gpus),
+            env=launch.environment(gpus, self.deployment.masks),
             port=port,
             load_timeout=self.load_timeout,
             stop_timeout=self.stop_timeout,
