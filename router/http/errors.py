@@ -60,6 +60,7 @@ class HttpCode(enum.StrEnum):
     UPSTREAM_ERROR = "upstream_error"  # a replica's error reply, wrapped (its status is passed on)
     UPSTREAM_UNREACHABLE = "upstream_unreachable"  # the replica did not answer
     REPLICA_FAILED = "replica_failed"  # the replica broke off a stream
+    NOT_SUPPORTED = "not_supported"  # an API call the router does not offer (Ollama's model management)
 
 
 ErrorCode = RejectCode | HttpCode
@@ -124,6 +125,7 @@ ANSWERS: Mapping[ErrorCode, Answer] = {
     HttpCode.UPSTREAM_ERROR: Answer(502, _SERVER, passes_on=400),  # the replica's own status
     HttpCode.UPSTREAM_UNREACHABLE: Answer(502, _SERVER),
     HttpCode.REPLICA_FAILED: Answer(502, _SERVER),
+    HttpCode.NOT_SUPPORTED: Answer(501, _CLIENT),
 }
 
 # Quart's own HTTP errors carry only a status: the code each is answered with (any other: http_error).

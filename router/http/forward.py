@@ -12,6 +12,7 @@ exchange closes, the slot is freed).
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,6 +33,9 @@ from router.http.request_body import BodyError, check_fields, parse_object
 from router.http.scope import out_of_scope
 from router.http.tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
 from router.http.unadmitted import unadmitted_record
+from router.ollama.dialect import ollama_answer, ollama_error, unloaded_answer
+from router.ollama.requests import PATHS as OLLAMA_PATHS
+from router.ollama.requests import Exchange, translate
 from router.shell.peers import HOP_HEADER
 from router.shell.views import Desk
 from statemachine import serving_models
@@ -67,6 +71,9 @@ FORWARDED = (
     "/v1/chat/completions/input_tokens",
 )
 _FORWARDED = frozenset(FORWARDED)
+# Ollama's calls: translated to one of the above and answered in Ollama's shapes (router.ollama).
+_OLLAMA = frozenset(OLLAMA_PATHS)
+_SERVED = _FORWARDED | _OLLAMA
 
 
 class _ClientLeft(Exception):
@@ -104,9 +111,10 @@ class Forwarder:
         cors_origins = settings.cors_origins
 
         async def answer(reply: Reply, admitted: bool = False) -> None:
-            headers = dict(reply.headers)
+            shown = ollama_error(reply) if path in _OLLAMA else reply
+            headers = dict(shown.headers)
             cors_reply_headers(headers, verdict.cors_origin, cors_origins)
-            await send_reply(send, Reply(reply.status, headers, reply.body, reply.length), [])
+            await send_reply(send, Reply(shown.status, headers, shown.body, shown.length), [])
             if not admitted and reply.status >= 400 and isinstance(reply.body, bytes):
                 record = unadmitted_record(
                     at=arrived,
@@ -204,13 +212,20 @@ class Forwarder:
         """The answer, and whether the request was admitted (else the answer is a refusal). ``sender``: the
         client's address and who its key names."""
         client, who = sender
+        endpoint = path
+        exchange: Exchange | None = None
         try:
             body = parse_object(raw)
             check_fields(body)
             keep_alive = keep_alive_of(body, self.desk.config.router.max_keep_alive)
+            if path in _OLLAMA:
+                exchange = translate(path, body)
+                path, body = exchange.path, exchange.body
+                raw = json.dumps(body).encode()
         except BodyError as exc:
             return error_reply(exc.code, str(exc)), False
-        target, problem = self._resolve(body.get("model"), path)
+        # Resolved as the client's path names it: an Ollama load or unload idiom may name a pool.
+        target, problem = self._resolve(body.get("model"), endpoint)
         if problem is not None:
             return problem, False
         assert target is not None
@@ -220,10 +235,16 @@ class Forwarder:
         klass = check_client(desk.config, who, target, asked, heads, body, desk.over_limit)
         if isinstance(klass, Refusal):
             return error_reply(klass.code, klass.message, klass.headers), False
+        if exchange is not None:
+            nothing_to_do = unloaded_answer(
+                exchange, desk.state, serving_models(desk.deployment.settings, target)
+            )
+            if nothing_to_do is not None:
+                return nothing_to_do, True
         ticket = desk.admit(
             target,
             asked=asked if isinstance(asked, str) else None,
-            endpoint=path,
+            endpoint=endpoint,
             client=client,
             tokens=await self._needed_tokens(target, body),
             body=body,
@@ -245,6 +266,8 @@ class Forwarder:
             headers=upstream_headers(raw_headers),
             stream=body.get("stream") is True,
         )
+        if exchange is not None:
+            reply = ollama_answer(exchange, reply, ticket)
         limits = desk.limit_headers(who.name)
         if limits:
             reply = Reply(reply.status, {**reply.headers, **limits}, reply.body, reply.length)
@@ -303,7 +326,7 @@ class DataPath:
         self.forwarder = forwarder
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in _FORWARDED:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in _SERVED:
             await self.forwarder(scope, receive, send)
         else:
             await self.app(scope, receive, send)
