@@ -147,7 +147,8 @@ MODEL_KEYS: tuple[KeySpec, ...] = (
         "The llama-server binary this model's replicas run instead of `router.llama_server` (another "
         "build: Vulkan, ROCm, a newer release). Checked at startup and on every reload like that one: it "
         "must be an executable file (a bare name is looked up on PATH) whose `--help` lists llama-server's "
-        "flags, and the model's flags (and those of `[defaults]`) are checked against that list.",
+        "flags, and the model's flags (and those of `[defaults]`) are checked against that list. A Vulkan or "
+        "SYCL build is masked by its own `--list-devices`. The router's own binary is still looked up.",
         default_text="router.llama_server",
         rule="a non-empty path string naming an executable llama-server",
     ),
