@@ -98,6 +98,14 @@ async def test_pools_history_and_usage(tmp_path: Path) -> None:
 
 async def test_model_management_calls_say_where_models_come_from(tmp_path: Path) -> None:
     async with running_router(tmp_path, {"a": {"sim": {}}}) as h:
+        client = ollama.AsyncClient(host=h.url)
+        for call in (client.pull("llama3"), client.delete("a"), client.copy("a", "b")):
+            try:
+                await call
+            except ollama.ResponseError as refused:
+                assert refused.status_code == 501 and "[models.NAME]" in refused.error
+            else:
+                raise AssertionError("a model-management call succeeded")
         for path in ("/api/pull", "/api/create", "/api/delete", "/api/copy"):
             answer = await h.client.post(path, json={"model": "x"})
             assert answer.status_code == 501 and "[models.NAME]" in answer.json()["error"]
