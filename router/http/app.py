@@ -4,6 +4,7 @@ itself is served by ``router.http.forward`` in front of this app."""
 from __future__ import annotations
 
 import json
+import math
 import time
 
 from quart import Response, g, request
@@ -28,16 +29,18 @@ from router.http.request_body import (
     read_body,
 )
 from router.http.request_headers import as_sent
-from router.http.scope import scope_refusal, visible
+from router.http.scope import entry_target, scope_refusal, visible
 from router.http.unadmitted import unadmitted_record
 from router.observe.props import props_document
 from router.observe.status import (
+    follow_replica_log,
     health_document,
     models_document,
     named_entry,
     replica_log,
     status_document,
 )
+from router.shell.logring import SSE_KEEPALIVE, log_events, log_text
 from router.shell.reload import reload_config
 from router.shell.views import Admin, Desk, RouterView
 from statemachine import ReplicaPhase, queries
@@ -179,7 +182,8 @@ def _register_documents(app: QuartTrio, view: RouterView) -> None:
         entry = named_entry(config, view, model_id)
         if entry is None:
             return unknown_model(model_id, (*config.models, *config.pools))
-        refusal = scope_refusal(config, current_client(), str(entry.get("id", model_id)), model_id)
+        target, _ = entry_target(entry)
+        refusal = scope_refusal(config, current_client(), target, model_id)
         if refusal is not None:
             return error_response(refusal.code, refusal.message)
         return Response(json.dumps(entry), content_type="application/json")
@@ -199,11 +203,26 @@ def _register_documents(app: QuartTrio, view: RouterView) -> None:
 
     @app.route("/logs/<int:replica>")
     async def logs(replica: int) -> Response:
+        """A replica's output; ``follow=1``: then its new lines as they come, as text (one line each) or,
+        for a client that accepts text/event-stream, as server-sent events (one ``data:`` event a line,
+        and a last one named ``end``)."""
         lines = request.args.get("lines", type=int)
+        missing = f"no replica {replica} is running or exited recently; /status lists the replicas"
+        if request.args.get("follow", "").lower() in ("1", "true", "yes", "on"):
+            sse = "text/event-stream" in request.headers.get("accept", "").lower()
+            followed = follow_replica_log(view, replica, lines, quiet=SSE_KEEPALIVE if sse else math.inf)
+            if followed is None:
+                return error_response(HttpCode.REPLICA_NOT_FOUND, missing)
+            response = Response(
+                log_events(followed) if sse else log_text(followed),
+                content_type="text/event-stream" if sse else "text/plain; charset=utf-8",
+                headers={"cache-control": "no-cache", "x-accel-buffering": "no"},
+            )
+            response.timeout = None  # it lasts as long as the replica
+            return response
         found = await replica_log(view, replica, lines)
         if found is None:
-            message = f"no replica {replica} is running or exited recently; /status lists the replicas"
-            return error_response(HttpCode.REPLICA_NOT_FOUND, message)
+            return error_response(HttpCode.REPLICA_NOT_FOUND, missing)
         text, source = found
         return Response(text, content_type="text/plain; charset=utf-8", headers={"x-log-source": source})
 

@@ -75,6 +75,15 @@ def scope_refusal(config: Config, client: Client, target: str, asked: object) ->
     return Refusal(HttpCode.PERMISSION_DENIED, message)
 
 
+def entry_target(entry: dict[str, Any]) -> tuple[str, str]:
+    """The model, pool or peer's model a ``/v1/models`` entry describes, and the name it is listed under
+    (an alias entry's ``alias_of`` and ``id``)."""
+    name = str(entry.get("id", ""))
+    target = entry.get("alias_of")
+    return (target if isinstance(target, str) else name), name
+
+
 def visible(config: Config, client: Client, entries: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ``/v1/models`` entries (by their ``id``) that ``client`` may use."""
-    return [entry for entry in entries if usable(config, client, str(entry.get("id", "")))]
+    """The ``/v1/models`` entries that ``client`` may use: an entry by its ``id``, an alias entry when the
+    client may use its model by that alias."""
+    return [entry for entry in entries if usable(config, client, *entry_target(entry))]

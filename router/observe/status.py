@@ -1,8 +1,11 @@
-"""The documents of /v1/models, /status, /health and /logs/{replica}, built from the router's state."""
+"""The documents of /v1/models, /status, /health and /logs/{replica} (and its live follow), built from the
+router's state."""
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import attrs
@@ -11,7 +14,11 @@ import trio
 from router.config.load import Config, resolve_name
 from router.deploy.rpc_devices import is_rpc, local_gpus
 from router.hosts.server_build import UNKNOWN_BUILD, known_build
+from router.observe.capabilities import CAPABILITIES, capabilities
 from router.observe.rpc_status import rpc_device_entries
+from router.shell.child import describe_returncode
+from router.shell.happenings import HappeningKind
+from router.shell.logring import NOTE
 from router.shell.views import RouterView
 from router.version import package_version
 from statemachine import ModelState, ReplicaPhase, Request, State, model_state, queries, replica_state
@@ -66,19 +73,23 @@ def model_entry(config: Config, view: RouterView, name: str, created: int) -> di
     """One model of /v1/models (and GET /v1/models/{id})."""
     state = view.state
     model = config.models[name]
+    launch = view.launches[name]
     entry: dict[str, Any] = {
         "id": name,
         "object": "model",
         "created": created,
         "owned_by": "llama-router",
         "state": model_state(state, name),
+        "status": load_status(view, name),
         "gpus": list(local_gpus(state.settings.models[name].gpus)),
         "aliases": list(model.aliases),
         "parallel": model.parallel,
-        "ctx": view.launches[name].ctx,
+        "ctx": launch.ctx,
         # What a router that peers with this one reads: capacity (slots over every replica) and context.
         "slots": model.parallel * model.num_instance,
-        "ctx_per_slot": view.launches[name].ctx_per_slot,
+        "ctx_per_slot": launch.ctx_per_slot,
+        **context_fields(launch.ctx_per_slot),
+        "capabilities": capabilities(config, name),
     }
     if model.rpc:
         entry["rpc_devices"] = list(model.rpc)
@@ -90,6 +101,42 @@ def model_entry(config: Config, view: RouterView, name: str, created: int) -> di
             del effort["disable"]
         entry["reasoning_effort"] = effort
     return entry
+
+
+def context_fields(per_slot: int | None) -> dict[str, int | None]:
+    """A request's usable context (a slot's), under its own name and the name LM Studio's model list uses."""
+    return {"context_length": per_slot, "max_context_length": per_slot}
+
+
+# llama-server's router mode says whether a model is "loaded", "loading" or "unloaded"; a model that is
+# stopping takes no new request (the next one loads it again), so it counts as unloaded.
+LOAD_STATUS = {
+    ModelState.READY: "loaded",
+    ModelState.LOADING: "loading",
+    ModelState.STOPPING: "unloaded",
+    ModelState.UNLOADED: "unloaded",
+}
+_LOAD_ENDS = frozenset(
+    {HappeningKind.READY, HappeningKind.LOAD_FAILED, HappeningKind.LOAD_REFUSED, HappeningKind.LOAD}
+)
+_LOAD_FAILURES = frozenset({HappeningKind.LOAD_FAILED, HappeningKind.LOAD_REFUSED})
+
+
+def load_status(view: RouterView, name: str) -> dict[str, Any]:
+    """A local model's load status in the shape of llama-server's router mode: ``value`` (loaded, loading or
+    unloaded), and ``failed`` when it is unloaded because its last load failed (or was refused)."""
+    value = LOAD_STATUS[model_state(view.state, name)]
+    status: dict[str, Any] = {"value": value}
+    if value == "unloaded" and _last_load_failed(view, name):
+        status["failed"] = True
+    return status
+
+
+def _last_load_failed(view: RouterView, name: str) -> bool:
+    for happening in reversed(tuple(view.happenings())):
+        if happening.model == name and happening.kind in _LOAD_ENDS:
+            return happening.kind in _LOAD_FAILURES
+    return False
 
 
 def peer_model_entry(view: RouterView, name: str, created: int) -> dict[str, Any]:
@@ -106,8 +153,11 @@ def peer_model_entry(view: RouterView, name: str, created: int) -> dict[str, Any
         "owned_by": "llama-router",
         "peer": peer,
         "state": "unavailable" if down else "ready",
+        "status": {"value": "unloaded" if down else "loaded"},
         "aliases": aliases,
         "ctx_per_slot": spec.ctx_per_slot,
+        **context_fields(spec.ctx_per_slot),
+        "capabilities": list(view.peer_capabilities(name)),
     }
 
 
@@ -116,9 +166,17 @@ def peer_model_names(view: RouterView) -> list[str]:
 
 
 def pool_entry(config: Config, view: RouterView, name: str, created: int) -> dict[str, Any]:
-    """One pool of /v1/models (and GET /v1/models/{id})."""
+    """One pool of /v1/models (and GET /v1/models/{id}): its context is its smallest member's (a request
+    may land on any), its capabilities those of any member."""
     pool = config.pools[name]
-    ready = any(model_state(view.state, m) is ModelState.READY for m in pool.members)
+    states = {model_state(view.state, m) for m in pool.members}
+    ready = ModelState.READY in states
+    value = "loaded" if ready else "loading" if ModelState.LOADING in states else "unloaded"
+    contexts = [c for m in pool.members if (c := _member_context(view, m)) is not None]
+    found = set(capabilities(config, name))
+    for member in pool.members:
+        if member not in config.models:
+            found |= set(view.peer_capabilities(member))
     return {
         "id": name,
         "object": "model",
@@ -128,27 +186,59 @@ def pool_entry(config: Config, view: RouterView, name: str, created: int) -> dic
         "fallback": pool.fallback,
         "aliases": list(pool.aliases),
         "state": "ready" if ready else "unloaded",
+        "status": {"value": value},
+        **context_fields(min(contexts) if contexts else None),
+        "capabilities": [word for word in CAPABILITIES if word in found],
     }
 
 
+def _member_context(view: RouterView, member: str) -> int | None:
+    launch = view.launches.get(member)
+    if launch is not None:
+        return launch.ctx_per_slot
+    spec = view.state.settings.models.get(member)
+    return spec.ctx_per_slot if spec is not None else None
+
+
+def alias_entry(entry: dict[str, Any], alias: str) -> dict[str, Any]:
+    """The entry of ``alias``, a name of the model or pool of ``entry``: the same description under the
+    alias's ``id``, with ``alias_of`` naming the model and without ``slots`` (so that a router reading
+    this list counts each model's capacity once) or a list of aliases of its own."""
+    out = {key: value for key, value in entry.items() if key not in ("slots", "aliases")}
+    out["id"] = alias
+    out["alias_of"] = entry["id"]
+    return out
+
+
+def with_aliases(entry: dict[str, Any]) -> list[dict[str, Any]]:
+    """``entry`` followed by the entry of each of its aliases."""
+    return [entry, *(alias_entry(entry, alias) for alias in entry.get("aliases", ()))]
+
+
 def models_document(config: Config, view: RouterView) -> dict[str, Any]:
+    """/v1/models: each model, pool and peer's model, each followed by one entry per alias."""
     created = int(time.time())
-    data = [model_entry(config, view, name, created) for name in config.models]
-    data += [pool_entry(config, view, name, created) for name in config.pools]
-    data += [peer_model_entry(view, name, created) for name in peer_model_names(view)]
-    return {"object": "list", "data": data}
+    entries = [model_entry(config, view, name, created) for name in config.models]
+    entries += [pool_entry(config, view, name, created) for name in config.pools]
+    entries += [peer_model_entry(view, name, created) for name in peer_model_names(view)]
+    return {"object": "list", "data": [one for entry in entries for one in with_aliases(entry)]}
 
 
 def named_entry(config: Config, view: RouterView, name: str) -> dict[str, Any] | None:
-    """The /v1/models entry of a model or pool named ``name`` or one of its aliases; None when unknown."""
+    """The /v1/models entry of the model or pool named ``name``, or the alias entry when ``name`` is one
+    of its aliases; None when unknown."""
     target = resolve_name(config, name)
     created = int(time.time())
     if target is None:
         remote = view.peer_model(name)
-        return None if remote is None else peer_model_entry(view, remote, created)
-    if target in config.models:
-        return model_entry(config, view, target, created)
-    return pool_entry(config, view, target, created)
+        if remote is None:
+            return None
+        entry = peer_model_entry(view, remote, created)
+    elif target in config.models:
+        entry = model_entry(config, view, target, created)
+    else:
+        entry = pool_entry(config, view, target, created)
+    return entry if entry["id"] == name else alias_entry(entry, name)
 
 
 def capacity_entry(state: State, model: str) -> dict[str, Any]:
@@ -307,3 +397,58 @@ async def replica_log(view: RouterView, replica: int, lines: int | None) -> tupl
     if lines is not None:
         text = "".join(text.splitlines(keepends=True)[-lines:]) if lines > 0 else ""
     return text, source
+
+
+def _tail_lines(text: str, lines: int | None) -> list[str]:
+    kept = text.splitlines()
+    if lines is not None:
+        kept = kept[-lines:] if lines > 0 else []
+    return kept
+
+
+def follow_replica_log(
+    view: RouterView, replica: int, lines: int | None, *, quiet: float = math.inf
+) -> AsyncIterator[str | None] | None:
+    """The output of a replica as it comes: the tail ``replica_log`` sends (``lines`` of it), then each new
+    line as the replica writes it, ending once the replica has exited and its last lines are sent (the last
+    line says so, with the reason); None (the item) after each ``quiet`` seconds without a line. None for an
+    unknown replica. A reader that stops reading (its client went away) stops following at once: the feed
+    drops it as the generator is closed."""
+    if view.replica_info(replica) is None:
+        return None
+    return _follow(view, replica, lines, quiet)
+
+
+async def _follow(
+    view: RouterView, replica: int, lines: int | None, quiet: float
+) -> AsyncIterator[str | None]:
+    file = view.replica_log_file(replica)
+    if file is None:
+        for line in _tail_lines("".join(f"{line}\n" for line in view.replica_log_lines(replica)), lines):
+            yield line
+        info = view.replica_info(replica)
+        if info is not None and info.exited:
+            why = f": {info.stop_reason}" if info.stop_reason else ""
+            yield f"{NOTE}replica {replica} exited ({describe_returncode(info.returncode)}){why}"
+        else:
+            yield (
+                f"{NOTE}replica {replica} has no log file (its directory, [router] replica_logs, cannot be "
+                "written): these are the lines kept in memory, and new ones cannot be followed"
+            )
+        return
+    with file.feed.follow() as follower:
+        mark = file.mark()
+        text = await trio.to_thread.run_sync(file.read_tail, LOG_TAIL_BYTES, mark)
+        if text is None:
+            text = "".join(f"{line}\n" for line in view.replica_log_lines(replica))
+        for line in _tail_lines(text, lines):
+            yield line
+        while (batch := await follower.next_lines(quiet)) is not None:
+            if not batch:
+                yield None
+            for line in batch:
+                yield line
+    info = view.replica_info(replica)
+    if info is not None and not info.exited:
+        # The file was closed while the replica runs (it could not be written any more).
+        yield f"{NOTE}replica {replica}'s log file can no longer be written: following ends here"

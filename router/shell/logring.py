@@ -1,9 +1,17 @@
-"""Turning a child's merged stdout/stderr into lines, and picking the lines that explain an exit."""
+"""Turning a child's merged stdout/stderr into lines, picking the lines that explain an exit, handing new
+lines to the readers that follow them (``LineFeed``, ``Follower``), and sending followed lines as text or
+as server-sent events (``log_text``, ``log_events``)."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import re
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import aclosing
+
+import trio
 
 # Lines that usually say why llama-server gave up, most telling first: running out of memory, then
 # "failed to ...", errors and llama.cpp's refusals of a setting ("... does not divide ...", "invalid ...",
@@ -128,3 +136,120 @@ def quote_lines(
     if not chosen:
         return "(no output)"
     return " | ".join(line if len(line) <= width else line[: width - 3] + "..." for line in chosen)
+
+
+# ----------------------------------------------------------------------------------------------- following
+
+FOLLOW_BACKLOG = 2000  # lines a follower may have waiting before newer ones are skipped
+NOTE = "--- "  # how the router's own lines among a replica's output begin
+
+
+class Follower:
+    """One reader of a :class:`LineFeed`: the lines published since it began, waiting to be taken.
+
+    At most ``backlog`` lines wait; a line published while that many wait is dropped and counted, and the
+    reader is told how many went missing at the place where they did (a line of its own), so a follower
+    that cannot keep up costs bounded memory and still knows what it missed."""
+
+    def __init__(self, backlog: int = FOLLOW_BACKLOG) -> None:
+        self._lines: deque[str] = deque()
+        self._backlog = max(1, backlog)
+        self._skipped = 0
+        self._ended = False
+        self._wake = trio.Event()
+
+    def offer(self, line: str) -> None:
+        if len(self._lines) >= self._backlog:
+            self._skipped += 1
+        else:
+            if self._skipped:
+                self._lines.append(skipped_line(self._skipped))
+                self._skipped = 0
+            self._lines.append(line)
+        self._wake.set()
+
+    def end(self) -> None:
+        self._ended = True
+        self._wake.set()
+
+    async def next_lines(self, timeout: float = math.inf) -> list[str] | None:
+        """The lines waiting (waiting for one if none does, at most ``timeout`` seconds: then ``[]``); None
+        once the feed has ended and every line was taken."""
+        with trio.move_on_after(timeout):
+            while not self._lines and not self._skipped and not self._ended:
+                self._wake = trio.Event()
+                await self._wake.wait()
+        lines = list(self._lines)
+        self._lines.clear()
+        if self._skipped:
+            lines.append(skipped_line(self._skipped))
+            self._skipped = 0
+        if not lines and self._ended:
+            return None
+        return lines
+
+
+def skipped_line(count: int) -> str:
+    return f"{NOTE}{count} line{'s' if count != 1 else ''} skipped here: this reader did not keep up"
+
+
+class LineFeed:
+    """Lines as they are written, handed to every follower at once; ``close`` ends them all. Used from the
+    Trio thread only."""
+
+    def __init__(self) -> None:
+        self._followers: set[Follower] = set()
+        self.closed = False
+
+    @property
+    def followers(self) -> int:
+        """How many readers follow the feed now."""
+        return len(self._followers)
+
+    def publish(self, line: str) -> None:
+        for follower in self._followers:
+            follower.offer(line)
+
+    def close(self) -> None:
+        self.closed = True
+        for follower in self._followers:
+            follower.end()
+
+    @contextlib.contextmanager
+    def follow(self, backlog: int = FOLLOW_BACKLOG) -> Iterator[Follower]:
+        """A new follower for the lines published from now on; it stops following when the block ends
+        (however it ends: a reader that went away is dropped at once)."""
+        follower = Follower(backlog)
+        if self.closed:
+            follower.end()
+        self._followers.add(follower)
+        try:
+            yield follower
+        finally:
+            self._followers.discard(follower)
+
+
+SSE_KEEPALIVE = 15.0  # seconds of quiet after which an event stream gets a comment (proxies drop idle ones)
+
+
+async def log_text(lines: AsyncIterator[str | None]) -> AsyncIterator[bytes]:
+    """A followed log as text: each line as it comes."""
+    async with aclosing(lines):  # type: ignore[type-var]
+        async for line in lines:
+            if line is not None:
+                yield (line + "\n").encode("utf-8", errors="replace")
+
+
+async def log_events(lines: AsyncIterator[str | None]) -> AsyncIterator[bytes]:
+    """A followed log as server-sent events: one ``data:`` event a line, a comment after each quiet spell,
+    and a last event named ``end`` (an EventSource would otherwise connect again when the stream ends)."""
+    async with aclosing(lines):  # type: ignore[type-var]
+        async for line in lines:
+            yield b": still following\n\n" if line is None else _event("message", line)
+    yield _event("end", "")
+
+
+def _event(name: str, data: str) -> bytes:
+    text = data.replace("\r", " ")
+    head = "" if name == "message" else f"event: {name}\n"
+    return f"{head}data: {text}\n\n".encode("utf-8", errors="replace")

@@ -6,8 +6,10 @@ scheduler (``PeerState``); the next good read reports it up. A peer that is down
 ``DOWN_REFRESH`` seconds (or every ``refresh`` seconds when that is shorter). The models it lists are kept
 — its own only: an entry a llama-router serves from a peer of its own carries ``peer`` and is left out, so
 two routers that peer with each other do not list each other's models back — with their aliases, per-slot
-context and slots, whose sum is the capacity the peer advertises. When what a peer serves changes,
-``on_change`` is called so that the router's settings follow.
+context and slots, whose sum is the capacity the peer advertises (an entry with ``alias_of`` only adds a
+name to a model listed on its own, so that capacity is counted once), and what each can do
+(``capabilities``). When what a peer serves changes, ``on_change`` is called so that the router's settings
+follow.
 """
 
 from __future__ import annotations
@@ -51,17 +53,25 @@ def peer_headers(peer: PeerConfig) -> dict[str, str]:
 
 
 def read_models(document: Any) -> PeerModels:
-    """A peer's own models from its /v1/models document; raises ValueError when it is no model list."""
+    """A peer's own models from its /v1/models document; raises ValueError when it is no model list.
+
+    An entry with ``alias_of`` is another name of a model listed on its own: it adds that name to the
+    model's aliases and nothing else (no model, no context, no capacity), whatever it carries."""
     if not isinstance(document, dict) or not isinstance(document.get("data"), list):
         raise ValueError("its /v1/models is not a model list (no 'data' array)")
     names: list[str] = []
     aliases: dict[str, tuple[str, ...]] = {}
     ctx: dict[str, int] = {}
     capacity = 0
+    alias_entries: list[tuple[str, str]] = []
     for entry in document["data"]:
         if not isinstance(entry, dict) or not isinstance(entry.get("id"), str) or entry.get("peer"):
             continue
         name = entry["id"]
+        if "alias_of" in entry:
+            if isinstance(entry["alias_of"], str):
+                alias_entries.append((name, entry["alias_of"]))
+            continue
         names.append(name)
         listed = entry.get("aliases")
         if isinstance(listed, list):
@@ -72,7 +82,25 @@ def read_models(document: Any) -> PeerModels:
         slots = entry.get("slots")
         if isinstance(slots, int) and slots > 0 and "pool" not in entry:
             capacity += slots
+    for alias, model in alias_entries:
+        known = aliases.get(model, ())
+        if model in names and alias not in known and alias not in names:
+            aliases[model] = (*known, alias)
     return PeerModels(tuple(names), aliases, ctx, capacity or None)
+
+
+def read_capabilities(document: Any) -> dict[str, tuple[str, ...]]:
+    """What each of a peer's own models can do, as its /v1/models says (``capabilities``); a model that
+    says nothing is left out."""
+    found: dict[str, tuple[str, ...]] = {}
+    data = document.get("data") if isinstance(document, dict) else None
+    for entry in data if isinstance(data, list) else ():
+        if not isinstance(entry, dict) or entry.get("peer") or "alias_of" in entry:
+            continue
+        name, listed = entry.get("id"), entry.get("capabilities")
+        if isinstance(name, str) and isinstance(listed, list):
+            found[name] = tuple(word for word in listed if isinstance(word, str))
+    return found
 
 
 class PeerDirectory:
@@ -90,6 +118,7 @@ class PeerDirectory:
         self.submit = submit
         self.on_change = on_change
         self.found: dict[str, PeerModels] = {}
+        self.capabilities: dict[str, dict[str, tuple[str, ...]]] = {}  # peer → model → what it can do
         self.status: dict[str, PeerStatus] = {name: PeerStatus() for name in config.peers}
         self._wake = trio.Event()
 
@@ -97,6 +126,7 @@ class PeerDirectory:
         """A reload: forget peers no longer configured, and read every peer again now."""
         self.config = config
         self.found = {name: found for name, found in self.found.items() if name in config.peers}
+        self.capabilities = {name: c for name, c in self.capabilities.items() if name in config.peers}
         self.status = {name: self.status.get(name, PeerStatus()) for name in config.peers}
         self._wake.set()
 
@@ -108,6 +138,13 @@ class PeerDirectory:
                 for alias in names:
                     out.setdefault(alias, model)
         return out
+
+    def model_capabilities(self, model: str) -> tuple[str, ...]:
+        """What a peer's model can do, as the first peer that lists it says (``()``: nothing said)."""
+        for found in self.capabilities.values():
+            if model in found:
+                return found[model]
+        return ()
 
     async def run(self) -> None:
         while True:
@@ -137,10 +174,12 @@ class PeerDirectory:
             )
             if reply.status_code != 200:
                 raise ValueError(f"its /v1/models answered {reply.status_code}: {reply.text[:200]}")
-            found = read_models(reply.json())
+            document = reply.json()
+            found = read_models(document)
         except (httpx.HTTPError, ValueError) as exc:
             self._down(peer, describe_failure(exc))
             return
+        self.capabilities[peer.name] = read_capabilities(document)
         status = self.status.setdefault(peer.name, PeerStatus())
         was_up = status.up
         status.up, status.reason = True, ""

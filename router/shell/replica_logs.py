@@ -10,6 +10,10 @@ Files are bounded two ways: a file that would grow past ``max_bytes`` is renamed
 recently written ``<model>-<id>.log`` files of its model are kept (with their ``.1``); files of running
 replicas are never removed. A directory that cannot be created or written costs a warning, never a load:
 the replica's lines still reach the ring buffer and the router's DEBUG log.
+
+Every line written to a replica's file is also handed to the readers that follow it (``ReplicaLogFile.feed``,
+a :class:`~router.shell.logring.LineFeed`); closing the file ends them. ``mark`` and ``read_tail(upto=...)``
+let a new reader take the file's tail up to the moment it began to follow, so that it sees each line once.
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ import re
 import time
 from pathlib import Path
 
+import attrs
+
+from router.shell.logring import NOTE, LineFeed
+
 __all__ = ["ReplicaLogFile", "ReplicaLogs", "file_stem"]
 
 log = logging.getLogger("router")
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
 _MAX_STEM = 120
-NOTE = "--- "  # how the router's own lines in a replica's file begin
 
 
 def file_stem(model: str) -> str:
@@ -40,6 +47,16 @@ def _now() -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S")
 
 
+@attrs.frozen
+class Mark:
+    """A moment in a replica's file: how many times it had been renamed away, and where the replica's part
+    began and ended then."""
+
+    rotations: int
+    start: int
+    end: int
+
+
 class ReplicaLogFile:
     """One replica's file, open for appending; ``start`` is where the replica's part of the file begins."""
 
@@ -49,6 +66,8 @@ class ReplicaLogFile:
         self._file = open(path, "ab", buffering=0)  # noqa: SIM115 - closed by close(); one write per line
         self.start = self._size = os.fstat(self._file.fileno()).st_size
         self.closed = False
+        self.rotations = 0
+        self.feed = LineFeed()
         self.note(first_line)
 
     def note(self, text: str) -> None:
@@ -58,6 +77,7 @@ class ReplicaLogFile:
     def write(self, line: str) -> None:
         if self.closed:
             return
+        self.feed.publish(line)
         data = line.encode("utf-8", errors="replace") + b"\n"
         try:
             if self._size and self._size + len(data) > self.max_bytes:
@@ -74,6 +94,7 @@ class ReplicaLogFile:
         self._file.close()
         os.replace(self.path, self.path.with_name(self.path.name + ".1"))
         self._file = open(self.path, "ab", buffering=0)  # noqa: SIM115 - as above
+        self.rotations += 1
         self.start = self._size = 0
         self._file.write(f"{NOTE}{_now()} continued from {self.path.name}.1\n".encode())
         self._size = self._file.tell()
@@ -81,21 +102,34 @@ class ReplicaLogFile:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self.feed.close()
             with contextlib.suppress(OSError):
                 self._file.close()
 
-    def read_tail(self, limit: int) -> str | None:
+    def mark(self) -> Mark:
+        """Where the file stands now (see ``read_tail``)."""
+        return Mark(self.rotations, self.start, self._size)
+
+    def read_tail(self, limit: int, upto: Mark | None = None) -> str | None:
         """The last ``limit`` bytes (at most) of this replica's part of the file, from a line start; None
-        when the file cannot be read any more (removed, say)."""
+        when the file cannot be read any more (removed, say). ``upto``: only what was written before that
+        mark (read from the renamed file when the file was renamed since)."""
+        path, start, stop = self.path, self.start, None
+        if upto is not None:
+            start, stop = upto.start, upto.end
+            if upto.rotations != self.rotations:
+                if upto.rotations != self.rotations - 1:
+                    return ""  # renamed twice since: that part is gone
+                path = self.path.with_name(self.path.name + ".1")
         try:
-            with open(self.path, "rb") as f:
-                end = f.seek(0, os.SEEK_END)
-                begin = max(self.start if end >= self.start else 0, end - limit)
+            with open(path, "rb") as f:
+                end = f.seek(0, os.SEEK_END) if stop is None else stop
+                begin = max(start if end >= start else 0, end - limit)
                 f.seek(begin)
-                data = f.read(end - begin)
+                data = f.read(max(0, end - begin))
         except OSError:
             return None
-        if begin > self.start and b"\n" in data:
+        if begin > start and b"\n" in data:
             data = data[data.index(b"\n") + 1 :]
         return data.decode("utf-8", errors="replace")
 

@@ -101,6 +101,10 @@ class RouterView:
     def peer_aliases(self) -> Mapping[str, str]:
         return self._router.peers.aliases()
 
+    def peer_capabilities(self, model: str) -> tuple[str, ...]:
+        """What a peer's model can do, as the peer's /v1/models says (``()``: nothing said)."""
+        return self._router.peers.model_capabilities(model)
+
     def peer_entries(self) -> list[dict[str, Any]]:
         return self._router.peers.describe()
 

@@ -39,7 +39,7 @@ async def test_openai_chat_completion(handle: RouterHandle) -> None:
     assert completion.choices[0].message.content.strip() == REPLY
     assert completion.choices[0].finish_reason == "stop"
     assert completion.usage is not None and completion.usage.completion_tokens == 5
-    assert {m.id for m in models.data} == {"chat"}
+    assert {m.id for m in models.data} == {"chat", "gpt-local"}
 
 
 async def test_openai_chat_completion_stream(handle: RouterHandle) -> None:
@@ -66,7 +66,9 @@ async def test_openai_models_retrieve(handle: RouterHandle) -> None:
         by_alias = await client.models.retrieve("gpt-local")
         with pytest.raises(openai.NotFoundError) as caught:
             await client.models.retrieve("missing")
-    assert by_name.id == by_alias.id == "chat" and by_name.object == "model"
+    assert by_name.id == "chat" and by_name.object == "model"
+    # The alias answers with its own entry, which names the model it stands for.
+    assert by_alias.id == "gpt-local" and (by_alias.model_extra or {})["alias_of"] == "chat"
     assert caught.value.status_code == 404
 
 

@@ -102,7 +102,7 @@ async def test_models_list_shows_state_gpus_aliases_and_pricing(tmp_path: Path) 
     assert pending.response is not None and pending.response.status_code == 200
     assert pending.response.headers["x-router-model"] == "a"
     assert after["a"]["state"] == "ready" and after["b"]["state"] == "unloaded"
-    assert plain == {"a": "ready", "b": "unloaded"}
+    assert plain == {"a": "ready", "alpha": "ready", "first": "ready", "b": "unloaded"}
 
 
 async def test_one_model_or_pool_by_id_or_alias(tmp_path: Path) -> None:
@@ -110,12 +110,13 @@ async def test_one_model_or_pool_by_id_or_alias(tmp_path: Path) -> None:
     pools = {"both": {"members": ["a", "b"], "aliases": ["auto"]}}
     async with running_router(tmp_path, models, pools=pools) as h:
         listed = {m["id"]: m for m in (await h.models())["data"]}
-        for asked, expected in (("a", "a"), ("alpha", "a"), ("both", "both"), ("auto", "both")):
+        assert listed["alpha"]["alias_of"] == "a" and listed["auto"]["alias_of"] == "both"
+        for asked in ("a", "alpha", "both", "auto"):  # an alias answers with its own entry
             reply = await h.client.get(f"/v1/models/{asked}")
             assert reply.status_code == 200, reply.text
             one = reply.json()
-            assert one == {**listed[expected], "created": one["created"]}, asked
-        assert (await h.client.get("/models/alpha")).json()["id"] == "a"
+            assert one == {**listed[asked], "created": one["created"]}, asked
+        assert (await h.client.get("/models/alpha")).json()["alias_of"] == "a"
         assert (await h.client.get("/v1/models/both")).json()["pool"] == ["a", "b"]
 
         unknown = await h.client.get("/v1/models/nope")
