@@ -13,12 +13,19 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from router.frozenmap import FrozenMap
 
-if TYPE_CHECKING:
-    from router.config.tables import Doc
+
+class Doc(Protocol):
+    """What these checks need of ``router.config.tables.Doc`` (which imports this module): its errors, and
+    paths relative to the config file."""
+
+    def invalid(self, key: str, value: Any, reason: str) -> Exception: ...
+
+    def path_value(self, text: str) -> Path: ...
 
 # Body fields the router itself reads to route, stream and account a request: no filter may touch them.
 RESERVED_FIELDS: tuple[str, ...] = ("model", "stream", "messages", "prompt", "input")

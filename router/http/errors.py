@@ -125,7 +125,7 @@ ANSWERS: Mapping[ErrorCode, Answer] = {
     HttpCode.UPSTREAM_ERROR: Answer(502, _SERVER, passes_on=400),  # the replica's own status
     HttpCode.UPSTREAM_UNREACHABLE: Answer(502, _SERVER),
     HttpCode.REPLICA_FAILED: Answer(502, _SERVER),
-    HttpCode.NOT_SUPPORTED: Answer(501, _CLIENT),
+    HttpCode.NOT_SUPPORTED: Answer(501, _SERVER),
 }
 
 # Quart's own HTTP errors carry only a status: the code each is answered with (any other: http_error).

@@ -26,6 +26,9 @@ from router.http.admission import HeadCheck, check_client, check_head, resolve_t
 from router.http.browser_guard import Refusal, cors_reply_headers
 from router.http.errors import HttpCode
 from router.http.keep_alive import keep_alive_of
+from router.http.ollama.dialect import ollama_answer, ollama_error, unloaded_answer
+from router.http.ollama.requests import PATHS as OLLAMA_PATHS
+from router.http.ollama.requests import Exchange, translate
 from router.http.prefix_key import request_chain
 from router.http.proxy import Proxy, upstream_headers
 from router.http.reply import Reply, error_reply, internal_error_reply, send_reply
@@ -33,9 +36,6 @@ from router.http.request_body import BodyError, check_fields, parse_object
 from router.http.scope import out_of_scope
 from router.http.tokens import exact_prompt_tokens, prompt_upper_bound, requested_output
 from router.http.unadmitted import unadmitted_record
-from router.ollama.dialect import ollama_answer, ollama_error, unloaded_answer
-from router.ollama.requests import PATHS as OLLAMA_PATHS
-from router.ollama.requests import Exchange, translate
 from router.shell.peers import HOP_HEADER
 from router.shell.views import Desk
 from statemachine import serving_models
@@ -71,7 +71,7 @@ FORWARDED = (
     "/v1/chat/completions/input_tokens",
 )
 _FORWARDED = frozenset(FORWARDED)
-# Ollama's calls: translated to one of the above and answered in Ollama's shapes (router.ollama).
+# Ollama's calls: translated to one of the above and answered in Ollama's shapes (router.http.ollama).
 _OLLAMA = frozenset(OLLAMA_PATHS)
 _SERVED = _FORWARDED | _OLLAMA
 

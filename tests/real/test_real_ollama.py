@@ -135,7 +135,7 @@ async def test_errors_reach_the_client_in_ollamas_shape(tmp_path: Path) -> None:
                 model="m", messages=[{"role": "user", "content": "what is it?", "images": [b"\x89PNG\r\n"]}]
             )
         assert 400 <= image.value.status_code < 600 and image.value.error
-        # A suffix asks llama-server's /infill, which this model's vocabulary has no fill-in-the-middle tokens for.
+        # A suffix asks llama-server's /infill; this model's vocabulary has no fill-in-the-middle tokens.
         with pytest.raises(ollama.ResponseError) as infill:
             await client.generate(model="m", prompt="def f(", suffix="    return x")
         assert infill.value.status_code == 501 and "Infill is not supported" in infill.value.error

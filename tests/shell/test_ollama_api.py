@@ -10,10 +10,10 @@ import httpx
 import ollama
 import trio
 
+from tests.shell.test_history import wait_rows
 from tests.support.client import chat_body, start_post, start_stream
 from tests.support.harness import queued_for, running_router, serving
 from tests.support.simconfig import config_document
-from tests.shell.test_history import wait_rows
 
 MANY = {"tokens": 1000}
 BOB = "sk-bob-0123456789"

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from router.http.ollama.replies import StreamTranslator, Timing, whole_reply
+from router.http.ollama.requests import Exchange, Kind, translate
 from router.http.request_body import BodyError
-from router.ollama.replies import StreamTranslator, Timing, whole_reply
-from router.ollama.requests import Exchange, Kind, translate
 
 PNG = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
 JPEG = "/9j/4AAQSkZJRgABAQAAAQABAAD"

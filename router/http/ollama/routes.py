@@ -1,4 +1,4 @@
-"""Ollama's descriptive calls on the quart app (``router.ollama.documents``), answered in Ollama's shapes,
+"""Ollama's descriptive calls on the quart app (``router.http.ollama.documents``) in Ollama's shapes,
 and a clear refusal for its model-management calls: models here are files named in the router's config."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from quart_trio import QuartTrio
 
 from router.http.admission import current_client
 from router.http.errors import unknown_model_message
+from router.http.ollama.documents import names, ps_entries, show_document, tag_entry, version_document
+from router.http.ollama.requests import PATHS
 from router.http.request_body import BodyError, parse_object, read_body
 from router.http.scope import scope_refusal, usable
-from router.ollama.documents import names, ps_entries, show_document, tag_entry, version_document
-from router.ollama.requests import PATHS
 from router.shell.views import RouterView
 
 # Ollama's calls that manage model files: refused, saying where models come from here.

@@ -18,8 +18,8 @@ from typing import Any
 
 import attrs
 
+from router.http.ollama.requests import Exchange, Kind
 from router.journal.usage import error_text
-from router.ollama.requests import Exchange, Kind
 
 _NS = 1_000_000_000
 

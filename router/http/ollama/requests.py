@@ -22,8 +22,8 @@ import attrs
 
 from router.http.errors import HttpCode
 from router.http.keep_alive import keep_alive_of
+from router.http.ollama.options import response_format, sampling_fields, thinking
 from router.http.request_body import BodyError
-from router.ollama.options import response_format, sampling_fields, thinking
 
 CHAT, GENERATE, EMBED, EMBEDDINGS = "/api/chat", "/api/generate", "/api/embed", "/api/embeddings"
 PATHS = (CHAT, GENERATE, EMBED, EMBEDDINGS)

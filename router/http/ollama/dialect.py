@@ -1,6 +1,6 @@
 """The forwarding path's Ollama side: the replies of an admitted or refused Ollama call, in Ollama's shapes.
 
-``router.http.forward`` translates the body (``router.ollama.requests``), admits and relays the
+``router.http.forward`` translates the body (``router.http.ollama.requests``), admits and relays the
 llama-server request as for any other route, then hands the reply here: errors become ``{"error": ...}``
 with the same status and headers, whole answers one JSON object, streams NDJSON.
 """
@@ -11,15 +11,15 @@ import json
 import time
 from collections.abc import AsyncIterator, Mapping
 
-from router.http.reply import Reply
-from router.ollama.replies import (
+from router.http.ollama.replies import (
     StreamTranslator,
     Timing,
     error_message,
     idiom_reply,
     whole_reply,
 )
-from router.ollama.requests import Exchange, Kind
+from router.http.ollama.requests import Exchange, Kind
+from router.http.reply import Reply
 from router.shell.ticket import Ticket
 from statemachine import ModelState, State, queries
 
