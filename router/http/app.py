@@ -17,6 +17,7 @@ from router.http.browser_guard import Refusal, preflight_headers, register_cors
 from router.http.errors import QUART_CODES, HttpCode, error_response, internal_error, unknown_model
 from router.http.forward import FORWARDED
 from router.http.model_actions import register_model_actions
+from router.http.ollama.routes import register_ollama
 from router.http.proxy import SAFE_SEGMENT, Proxy, upstream_headers
 from router.http.reply import to_quart
 from router.http.request_body import (
@@ -61,6 +62,7 @@ def create_app(config: Config, admin: Admin, proxy: Proxy) -> QuartTrio:
     _register_documents(app, admin)
     _register_admin(app, admin)
     register_model_actions(app, admin)
+    register_ollama(app, admin)
     _register_upstream(app, admin, proxy)
     return app
 
