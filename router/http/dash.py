@@ -14,7 +14,8 @@ Routes:
   parameter optional: all of it, every key; "" is the anonymous clients'); times are seconds since 1970 or
   ISO 8601.
 - ``GET /dash``: the dashboard (static files from ``router/http/static``); it polls /status, /history,
-  /usage, /dash/timeline and /plan (each model's placement verdict in words).
+  /usage, /dash/timeline and /plan (each model's placement verdict in words), and follows the log of each
+  loading replica (and of any replica asked for) through ``/logs/{replica}?follow=1``.
 - ``GET /dash/timeline?since=T``: per-GPU samples of the last hour newer than wall-clock time ``T``, and
   the queue with each request's age right now.
 - ``/chat/{model}/...``: see ``router.http.chat_page``.

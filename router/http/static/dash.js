@@ -162,6 +162,93 @@
     else window.location = url;
   }
 
+  // ---------------------------------------------------------------------------------------- live logs
+  // A pane per followed replica under the replica table: its log as it is written (/logs/{id}?follow=1,
+  // read with fetch so that the API key goes along; an EventSource could not send it). A loading replica's
+  // pane opens by itself and closes when the replica is ready; one that fails keeps its pane, whose last
+  // line says why. Any replica's pane opens with its "live" button; × closes it and stops the stream.
+  const LOG_TAIL = 40;
+  const LOG_KEEP = 400; // lines a pane keeps
+  const LOG_PANES = 4; // panes shown at once: opening another closes the oldest (an ended one first)
+  const logPanes = new Map(); // replica id -> {el, pre, controller, auto, state}
+  const dismissed = new Set(); // replicas whose pane was closed by hand: not opened by itself again
+
+  function openPane(r, auto) {
+    if (logPanes.has(r.id)) return;
+    if (logPanes.size >= LOG_PANES) {
+      const panes = [...logPanes.entries()];
+      const [oldest] = panes.find(([, p]) => p.el.dataset.state !== "following") || panes[0];
+      closePane(oldest, false);
+    }
+    const pre = h("pre", { class: "log-lines", "aria-live": "polite" });
+    const said = h("span", { class: "hint log-state", text: "following" });
+    const close = h("button", { class: "log-close", type: "button", title: "stop following", text: "×",
+      onclick: () => closePane(r.id, true) });
+    const el = h("div", { class: "log-pane", "data-replica": r.id, "data-state": "following" },
+      h("div", { class: "log-head" },
+        h("span", { class: "chip" }, swatch(r.model), r.model), h("b", { text: ` #${r.id}` }), said, close),
+      pre);
+    const pane = { el, pre, said, controller: new AbortController(), auto };
+    logPanes.set(r.id, pane);
+    $("replica-logs").append(el);
+    followLog(r.id, pane);
+  }
+
+  function closePane(id, byHand) {
+    const pane = logPanes.get(id);
+    if (!pane) return;
+    pane.controller.abort();
+    pane.el.remove();
+    logPanes.delete(id);
+    if (byHand) dismissed.add(id);
+  }
+
+  function paneState(pane, state, words) {
+    pane.el.dataset.state = state;
+    pane.said.textContent = words;
+  }
+
+  function addLines(pane, lines) {
+    if (!lines.length) return;
+    const pre = pane.pre;
+    const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
+    pre.append(...lines.map((line) => line + "\n")); // a text node a line, so that old lines can go
+    while (pre.childNodes.length > LOG_KEEP) pre.firstChild.remove();
+    if (atEnd) pre.scrollTop = pre.scrollHeight;
+  }
+
+  async function followLog(id, pane) {
+    const headers = apiKey ? { Authorization: "Bearer " + apiKey } : {};
+    try {
+      const response = await fetch(`logs/${id}?follow=1&lines=${LOG_TAIL}`,
+        { headers, cache: "no-store", signal: pane.controller.signal });
+      if (!response.ok) throw new Error("answered " + response.status);
+      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+      let rest = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        const parts = (rest + value).split("\n");
+        rest = parts.pop();
+        addLines(pane, parts);
+      }
+      if (rest) addLines(pane, [rest]);
+      paneState(pane, "ended", "ended");
+    } catch (err) {
+      if (!pane.controller.signal.aborted) paneState(pane, "failed", "stopped: " + err.message);
+    }
+  }
+
+  // After each /status: open a pane for each loading replica, close the ones opened that way once ready.
+  function syncLogPanes(replicas) {
+    const byId = new Map(replicas.map((r) => [r.id, r]));
+    for (const r of replicas) if (r.state === "loading" && !dismissed.has(r.id)) openPane(r, true);
+    for (const [id, pane] of logPanes) {
+      const r = byId.get(id);
+      if (pane.auto && r && r.state !== "loading" && pane.el.dataset.state === "following") closePane(id, false);
+    }
+  }
+
   $("key-form").addEventListener("submit", (event) => {
     event.preventDefault();
     apiKey = $("key-input").value.trim();
@@ -489,7 +576,9 @@
     const now = serverNow();
     const rows = st.replicas.map((r) =>
       h("tr", { class: "replica-row", "data-state": r.state },
-        h("td", { class: "mono" }, logLink(r, "#" + r.id)),
+        h("td", { class: "mono" }, logLink(r, "#" + r.id), " ",
+          h("button", { class: "follow", type: "button", "data-replica": r.id, title: "follow its log here",
+            text: "live", onclick: () => openPane(r, false) })),
         h("td", {}, h("span", { class: "chip" }, swatch(r.model), r.model)),
         h("td", {}, h("span", { class: "badge st-" + r.state, text: r.state + (r.state === "loading" ? loadWords(r) : "") })),
         h("td", { text: r.gpus.length ? r.gpus.join(", ") : "cpu" }),
@@ -501,6 +590,7 @@
       [["id"], ["model"], ["state"], ["GPUs"], ["busy", "num"], ["up", "num wide"], ["port", "wide"], ["pid", "wide"]],
       rows, "No replica is running; the first request for a model loads it."));
     $("replica-hint").textContent = st.replicas.length ? `${st.replicas.length} running` : "";
+    syncLogPanes(st.replicas);
   }
 
   function renderPeers() {
@@ -602,10 +692,11 @@
   function renderModels() {
     const select = $("f-model");
     const chosen = select.value;
-    const names = store.models.map((m) => m.id);
+    const canonical = store.models.filter((m) => !m.alias_of); // an alias has an entry of its own too
+    const names = canonical.map((m) => m.id);
     replace(select, h("option", { value: "", text: "all" }), names.map((n) => h("option", { value: n, text: n })));
     select.value = names.includes(chosen) ? chosen : "";
-    const chat = store.models.filter((m) => !m.pool).map((m) => h("a", { href: `chat/${encodeURIComponent(m.id)}/`, text: `chat: ${m.id}` }));
+    const chat = canonical.filter((m) => !m.pool).map((m) => h("a", { href: `chat/${encodeURIComponent(m.id)}/`, text: `chat: ${m.id}` }));
     replace($("chat-links"), chat);
   }
 
