@@ -81,7 +81,7 @@ async def test_a_page_of_another_origin_cannot_use_the_ollama_api(tmp_path: Path
 
 
 async def test_pools_history_and_usage(tmp_path: Path) -> None:
-    pools = {"auto": {"members": ["a", "b"], "fallback": True}}
+    pools = {"auto": {"members": ["a", "b"]}}  # without fallback: the first member serves it
     models = {"a": {"sim": {"tokens": 3}}, "b": {"sim": {}, "gpus": [1]}}
     async with running_router(tmp_path, models, pools=pools, devices=TWO_GPUS) as h:
         client = ollama.AsyncClient(host=h.url)

@@ -68,7 +68,7 @@
     try {
       const [models, status] = await Promise.all([api("v1/models"), api("status")]);
       const cards = [];
-      for (const model of (models.data || []).filter((m) => !m.pool)) {
+      for (const model of (models.data || []).filter((m) => !m.pool && !m.alias_of)) {
         const replicas = status.replicas.filter((r) => r.model === model.id);
         const ready = replicas.filter((r) => r.state === "ready").map((r) => r.id).join(",");
         const has = ready ? await probe(model.id, ready) : null;
