@@ -27,6 +27,7 @@ class Doc(Protocol):
 
     def path_value(self, text: str) -> Path: ...
 
+
 # Body fields the router itself reads to route, stream and account a request: no filter may touch them.
 RESERVED_FIELDS: tuple[str, ...] = ("model", "stream", "messages", "prompt", "input")
 # Variables the router sets on every replica to show it only its own GPUs (``gpu_env`` and
