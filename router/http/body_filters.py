@@ -14,6 +14,7 @@ from typing import Any
 
 from router.config.model_extras import thawed_json
 from router.config.values import ModelConfig
+from router.http.request_body import json_object
 
 __all__ = ["filter_body", "filtered_for"]
 
@@ -23,11 +24,8 @@ def filter_body(body: bytes, set_params: Mapping[str, Any], strip_params: Sequen
     client's values); the same bytes when there is nothing to do or the body is no JSON object."""
     if not set_params and not strip_params:
         return body
-    try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return body
-    if not isinstance(doc, dict):
+    doc = json_object(body)
+    if doc is None:
         return body
     for field in strip_params:
         doc.pop(field, None)

@@ -28,6 +28,7 @@ from router.http.errors import HttpCode, sse_error, status_of
 from router.http.peer_relay import PeerRelay
 from router.http.replica_errors import BODY_LIMIT, ReplicaError, shape_replica_error
 from router.http.reply import Reply, error_reply
+from router.http.request_body import json_object
 from router.http.upstream import ConnectFailed, UpstreamBroken, UpstreamError, UpstreamPool, UpstreamReply
 from router.shell.ticket import Ticket
 from router.shell.views import RouterView
@@ -140,11 +141,8 @@ def _as_event(reply: Reply) -> bytes:
 
 def name_member(body: bytes, model: str) -> bytes:
     """A pooled request's body with ``model`` set to the member that serves it, so the reply names it."""
-    try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return body
-    if not isinstance(doc, dict):
+    doc = json_object(body)
+    if doc is None:
         return body
     doc["model"] = model
     return json.dumps(doc).encode()
