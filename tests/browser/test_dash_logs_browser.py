@@ -28,7 +28,7 @@ def pane_text(replica: int) -> str:
 
 async def test_a_loading_replicas_log_shows_live_and_its_pane_closes_when_ready(tmp_path: Path) -> None:
     browser = find_browser()
-    models = {"slow": {"sim": {"load_delay": 5.0}}}
+    models = {"slow": {"sim": {"load_delay": 10.0}}}  # time enough on a busy machine to see it load
     async with (
         running_router(tmp_path, models, router={"api_keys": ["s3cret"]}) as h,
         open_page(browser, f"{h.url}/dash") as page,
@@ -36,7 +36,7 @@ async def test_a_loading_replicas_log_shows_live_and_its_pane_closes_when_ready(
     ):
         await page.evaluate("localStorage.setItem('llama-router-key', 's3cret')")
         await page.evaluate("location.reload()")
-        await page.wait_for("document.body.dataset.ready === '1'")
+        await page.wait_for("document.body?.dataset.ready === '1'")
         assert await page.evaluate("document.querySelectorAll('.log-pane').length") == 0
         h.client.headers["authorization"] = "Bearer s3cret"
         pending = start_post(nursery, h.client, chat_body("slow", max_tokens=2))

@@ -54,7 +54,7 @@ async def test_translate_streams_a_translation_and_stop_aborts_one(tmp_path: Pat
         running_router(tmp_path, models, router={"num_gpus": 2}) as h,
         open_page(browser, f"{h.url}/translate") as page,
     ):
-        await page.wait_for("document.body.dataset.ready === '1'")
+        await page.wait_for("document.body?.dataset.ready === '1'")
         options = await page.evaluate("[...document.querySelectorAll('#model option')].map(o => o.value)")
         assert options == ["alpha", "slow"]
         languages = await page.evaluate("document.querySelectorAll('#languages option').length")
@@ -147,7 +147,7 @@ async def test_chat_index_lists_replicas_and_opens_web_ui_or_our_chat(tmp_path: 
                 # The one without: our chat, with the model chosen, streaming replies in a conversation.
                 await page.viewport(1280, 900)
                 await page.goto(rows["plain"]["href"])
-                await page.wait_for("document.body.dataset.ready === '1'")
+                await page.wait_for("document.body?.dataset.ready === '1'")
                 assert await page.evaluate("document.getElementById('model').value") == "plain"
                 for n, prompt in enumerate(("hello there", "and again"), start=1):
                     await fill(page, {"prompt": prompt})
