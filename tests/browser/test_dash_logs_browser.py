@@ -35,7 +35,7 @@ async def test_a_loading_replicas_log_shows_live_and_its_pane_closes_when_ready(
         trio.open_nursery() as nursery,
     ):
         await page.evaluate("localStorage.setItem('llama-router-key', 's3cret')")
-        await page.evaluate("location.reload()")
+        await page.goto(f"{h.url}/dash")  # again, now with the key
         await page.wait_for("document.body?.dataset.ready === '1'")
         assert await page.evaluate("document.querySelectorAll('.log-pane').length") == 0
         h.client.headers["authorization"] = "Bearer s3cret"

@@ -35,6 +35,10 @@ class ProtocolError(RuntimeError):
     pass
 
 
+# What the browser answers an evaluation that met the page between two documents.
+_BETWEEN_DOCUMENTS = ("navigated or closed", "context was destroyed", "Cannot find context")
+
+
 class _Pipe:
     """Null-terminated JSON messages to and from the browser; one command at a time."""
 
@@ -91,8 +95,18 @@ class Page:
         return result["result"].get("value")
 
     async def wait_for(self, expression: str, timeout: float = 20.0) -> Any:
-        """Evaluate ``expression`` until it is truthy; its value."""
-        return await until(lambda: self.evaluate(expression), timeout=timeout, what=expression)
+        """Evaluate ``expression`` until it is truthy; its value. An evaluation that meets the page between
+        two documents (a navigation or reload under way) counts as not yet."""
+
+        async def check() -> Any:
+            try:
+                return await self.evaluate(expression)
+            except ProtocolError as exc:
+                if not any(words in str(exc) for words in _BETWEEN_DOCUMENTS):
+                    raise
+                return None
+
+        return await until(check, timeout=timeout, what=expression)
 
     async def viewport(self, width: int, height: int, *, mobile: bool = False) -> None:
         await self.call(
