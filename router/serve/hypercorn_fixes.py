@@ -17,6 +17,12 @@ Clients that stop reading
     socket closed, the application told the client left, the slot freed. :func:`cut_stalled_writes` ends
     every pending write at once, for the last moments of a shutdown.
 
+Writes that go at once
+    A write first hands the kernel what it takes right away, without yielding to Trio's run loop (one
+    system call; a relayed chunk nearly always goes whole); only the rest waits, as above. hypercorn's
+    own path yields twice per write (its lock and the socket's checkpoint), each a pass through the run
+    loop and its ``epoll_wait``, for every relayed chunk.
+
 Clients that close an idle connection
     When a client closes a kept-alive connection, hypercorn stops reading but leaves the idle keep-alive
     timer running, and the connection's task waits for that timer: the socket stays open (CLOSE-WAIT) for
@@ -42,6 +48,7 @@ import functools
 import json
 import logging
 import math
+import os
 from typing import Any
 
 import h11
@@ -213,6 +220,16 @@ def _stop_idle_timer_when_reading_ends(original: Any) -> Any:
     return read_data
 
 
+def _write_now(server: TCPServer, data: bytes) -> bytes:
+    """Write what the kernel takes of ``data`` at once, without yielding: one system call and no pass
+    through Trio's run loop (a relayed chunk usually goes whole). The rest, for a write that waits."""
+    try:
+        sent = os.write(server.stream.socket.fileno(), data)
+    except OSError:
+        return data  # would block, or broken: the waiting write finds out which and answers for it
+    return data[sent:]
+
+
 def _bounded_writes(original: Any) -> Any:
     @functools.wraps(original)
     async def protocol_send(self: TCPServer, event: Any) -> None:
@@ -221,19 +238,28 @@ def _bounded_writes(original: Any) -> Any:
                 return  # the client has closed: no idle keep-alive timer for a connection that is over
             await original(self, event)
             return
+        lock = self.send_lock
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+            rest = event.data
+        else:
+            rest = _write_now(self, event.data)
         broken = False
-        async with self.send_lock:
-            # Shielded as before (a response is not torn by an unrelated cancellation), but bounded.
-            scope = trio.CancelScope(shield=True, deadline=trio.current_time() + _send_timeout)
-            _writes.add(scope)
-            try:
+        # Shielded as before (a response is not torn by an unrelated cancellation), but bounded.
+        scope = trio.CancelScope(shield=True, deadline=trio.current_time() + _send_timeout)
+        try:
+            if rest:
+                _writes.add(scope)
                 with scope:
                     try:
-                        await self.stream.send_all(event.data)
+                        await self.stream.send_all(rest)
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         broken = True
-            finally:
-                _writes.discard(scope)
+        finally:
+            _writes.discard(scope)
+            lock.release()
         if scope.cancelled_caught:
             log.info("a client stopped reading its reply; its connection is closed and its request ended")
             with trio.CancelScope(shield=True):
