@@ -267,7 +267,7 @@ class Forwarder:
             stream=body.get("stream") is True,
         )
         if exchange is not None:
-            reply = ollama_answer(exchange, reply, ticket)
+            reply = await ollama_answer(exchange, reply, ticket)
         limits = desk.limit_headers(who.name)
         if limits:
             reply = Reply(reply.status, {**reply.headers, **limits}, reply.body, reply.length)

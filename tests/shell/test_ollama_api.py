@@ -114,3 +114,14 @@ async def test_model_management_calls_say_where_models_come_from(tmp_path: Path)
         unknown = await h.client.get("/api/nothing")
         assert unknown.status_code == 404 and "/api/nothing" in unknown.json()["error"]
         assert isinstance(h.client, httpx.AsyncClient)
+
+
+async def test_a_replica_that_dies_answering_gives_an_error_in_ollamas_shape(tmp_path: Path) -> None:
+    models = {"a": {"sim": {"tokens": 50, "crash_after_tokens": 3}}}
+    async with running_router(tmp_path, models) as h:
+        whole = await h.client.post("/api/chat", json=ollama_chat("a"))
+        assert whole.status_code >= 500 and set(whole.json()) == {"error"}, whole.text
+        streamed = await h.client.post("/api/generate", json={"model": "a", "prompt": "hi"})
+        lines = [json.loads(line) for line in streamed.text.splitlines()]
+        assert streamed.status_code == 200 and lines, streamed.text  # the stream had begun: its last line
+        assert set(lines[-1]) == {"error"} and all(not line.get("done") for line in lines)

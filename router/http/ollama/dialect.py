@@ -53,43 +53,38 @@ def timing_of(ticket: Ticket) -> Timing:
     return Timing(ticket.queued_at, waited)
 
 
-def ollama_answer(exchange: Exchange, reply: Reply, ticket: Ticket) -> Reply:
-    """The reply to an admitted Ollama call, from the relayed llama-server reply."""
+async def ollama_answer(exchange: Exchange, reply: Reply, ticket: Ticket) -> Reply:
+    """The reply to an admitted Ollama call, from the relayed llama-server reply. A whole answer is read to
+    its end first, so that a replica that broke off in the middle is answered 502, not 200."""
     if reply.status >= 400 and isinstance(reply.body, bytes):
         return ollama_error(reply)
     headers = _kept(reply.headers)
     timing = timing_of(ticket)
     body = reply.body
-    if not exchange.stream or exchange.kind in (Kind.LOAD, Kind.UNLOAD):
-        kind = NDJSON if exchange.stream else "application/json"
-        content = {**headers, "content-type": kind}
-        if isinstance(body, bytes):
-            return Reply(reply.status, content, _document(exchange, body, timing))
-        return Reply(reply.status, content, _read_whole(body, exchange, timing))
-    translator = StreamTranslator(exchange, timing)
-    return Reply(reply.status, {**headers, "content-type": NDJSON}, _ndjson(body, translator))
+    if exchange.stream and exchange.kind not in (Kind.LOAD, Kind.UNLOAD):
+        translator = StreamTranslator(exchange, timing)
+        return Reply(reply.status, {**headers, "content-type": NDJSON}, _ndjson(body, translator))
+    whole = body if isinstance(body, bytes) else await _read_all(body)
+    status, doc = _document(exchange, whole, timing)
+    data = json.dumps(doc).encode() + (b"\n" if exchange.stream else b"")
+    return Reply(status, {**headers, "content-type": NDJSON if exchange.stream else "application/json"}, data)
 
 
-def _document(exchange: Exchange, body: bytes, timing: Timing) -> bytes:
-    """The Ollama document for a replica's whole answer ``body`` (the idioms' answer ignores it)."""
+def _document(exchange: Exchange, body: bytes, timing: Timing) -> tuple[int, dict[str, object]]:
+    """The status and Ollama document for a replica's whole answer (the idioms' answer ignores it)."""
     if exchange.kind in (Kind.LOAD, Kind.UNLOAD):
-        doc = idiom_reply(exchange)
-    else:
-        try:
-            parsed = json.loads(body)
-        except (UnicodeDecodeError, ValueError):
-            parsed = None
-        if isinstance(parsed, dict):
-            doc = whole_reply(exchange, parsed, timing)
-        else:
-            doc = {"error": f"the replica of '{exchange.model}' answered something that is not JSON"}
-    return json.dumps(doc).encode() + (b"\n" if exchange.stream else b"")
+        return 200, idiom_reply(exchange)
+    try:
+        parsed = json.loads(body)
+    except (UnicodeDecodeError, ValueError):
+        parsed = None
+    if not isinstance(parsed, dict):
+        return 502, {"error": f"the replica of '{exchange.model}' broke off its answer or answered no JSON"}
+    return 200, whole_reply(exchange, parsed, timing)
 
 
-async def _read_whole(
-    chunks: AsyncIterator[bytes], exchange: Exchange, timing: Timing
-) -> AsyncIterator[bytes]:
-    """A whole answer relayed in chunks, read to its end and given as one Ollama document."""
+async def _read_all(chunks: AsyncIterator[bytes]) -> bytes:
+    """A body relayed in chunks, read to its end (and closed, which ends its request)."""
     parts = []
     try:
         async for chunk in chunks:
@@ -98,7 +93,7 @@ async def _read_whole(
         aclose = getattr(chunks, "aclose", None)
         if aclose is not None:
             await aclose()
-    yield _document(exchange, b"".join(parts), timing)
+    return b"".join(parts)
 
 
 async def _ndjson(chunks: AsyncIterator[bytes], translator: StreamTranslator) -> AsyncIterator[bytes]:
