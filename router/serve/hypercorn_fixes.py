@@ -223,8 +223,11 @@ def _stop_idle_timer_when_reading_ends(original: Any) -> Any:
 def _write_now(server: TCPServer, data: bytes) -> bytes:
     """Write what the kernel takes of ``data`` at once, without yielding: one system call and no pass
     through Trio's run loop (a relayed chunk usually goes whole). The rest, for a write that waits."""
+    sock = getattr(server.stream, "socket", None)  # a plain TCP stream (the router serves no TLS itself)
+    if sock is None:
+        return data
     try:
-        sent = os.write(server.stream.socket.fileno(), data)
+        sent = os.write(sock.fileno(), data)
     except OSError:
         return data  # would block, or broken: the waiting write finds out which and answers for it
     return data[sent:]
@@ -246,25 +249,28 @@ def _bounded_writes(original: Any) -> Any:
             rest = event.data
         else:
             rest = _write_now(self, event.data)
-        broken = False
-        # Shielded as before (a response is not torn by an unrelated cancellation), but bounded.
-        scope = trio.CancelScope(shield=True, deadline=trio.current_time() + _send_timeout)
+        broken = stalled = False
         try:
             if rest:
+                # Shielded as before (a response is not torn by an unrelated cancellation), but bounded.
+                scope = trio.CancelScope(shield=True, deadline=trio.current_time() + _send_timeout)
                 _writes.add(scope)
-                with scope:
-                    try:
-                        await self.stream.send_all(rest)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        broken = True
+                try:
+                    with scope:
+                        try:
+                            await self.stream.send_all(rest)
+                        except (trio.BrokenResourceError, trio.ClosedResourceError):
+                            broken = True
+                finally:
+                    _writes.discard(scope)
+                stalled = scope.cancelled_caught
         finally:
-            _writes.discard(scope)
             lock.release()
-        if scope.cancelled_caught:
+        if stalled:
             log.info("a client stopped reading its reply; its connection is closed and its request ended")
             with trio.CancelScope(shield=True):
                 await self.stream.aclose()
-        if broken or scope.cancelled_caught:
+        if broken or stalled:
             await self.protocol.handle(Closed())
 
     setattr(protocol_send, _MARK, True)
