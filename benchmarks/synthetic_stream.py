@@ -196,18 +196,11 @@ class Stream:
         common = {"created": self.created, "model": model, "system_fingerprint": BUILD_INFO}
         if self.chat:
             message = {"role": "assistant", "content": text}
-            choice = {"finish_reason": self.finish, "index": 0, "message": message}
+            choice: dict[str, Any] = {"finish_reason": self.finish, "index": 0, "message": message}
             kind = "chat.completion"
-            return {
-                "choices": [choice],
-                **common,
-                "object": kind,
-                "usage": usage,
-                "id": self.ident,
-                "timings": timings,
-            }
-        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": self.finish}
-        kind = "text_completion"
+        else:
+            choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": self.finish}
+            kind = "text_completion"
         return {
             "choices": [choice],
             **common,
