@@ -9,7 +9,7 @@ python3Packages.buildPythonApplication {
 
   build-system = [ python3Packages.setuptools ];
   dependencies = with python3Packages; [
-    attrs pyrsistent trio hypercorn quart-trio httpx pynvml gguf prometheus-client
+    attrs pyrsistent trio hypercorn quart-trio httpx httptools pynvml gguf prometheus-client
   ];
 
   # The router finds llama-server on PATH unless the config names a binary.

@@ -1,11 +1,14 @@
-"""HTTP/1.1 to the router's own replicas: h11 over Trio sockets, with kept-alive connections per port.
+"""HTTP/1.1 to the router's own replicas: llhttp (through httptools) over Trio sockets, with kept-alive
+connections per port.
 
 This is the forwarding path's client; it does only what that path needs and keeps each step cheap. A
 request goes out in one write (head and body together). A reply's body is read as it arrives, and every
 decoded piece of one network read is handed on as one chunk, so a burst of small server-sent events costs
-one relay write, not one per event.
+one relay write, not one per event. Replies are parsed by llhttp, the C parser Node.js uses, through
+httptools: decoding a chunked stream is the one cost paid per relayed chunk, and a parser written in
+Python costs several times the rest of the relay.
 
-Connections: after a reply that both sides finished (and that did not ask to close), the connection is
+Connections: after a reply that was read to its end (and that did not ask to close), the connection is
 kept for the next request to the same port, at most ``IDLE_PER_PORT`` of them and for at most
 ``IDLE_SECONDS`` (llama-server closes an idle one after five seconds; ``sweep`` closes ours first, so idle
 descriptors do not pile up). A kept connection that turns out to be closed when it is reused — nothing of
@@ -23,13 +26,14 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
-import h11
+import httptools
 import trio
 
 IDLE_PER_PORT = 16
 IDLE_SECONDS = 4.0
 RECEIVE_SIZE = 256 * 1024
 HOST = "127.0.0.1"
+_UNSAFE = (b"\r", b"\n", b"\0")
 
 
 class UpstreamError(Exception):
@@ -51,17 +55,87 @@ class UpstreamBroken(UpstreamError):
 
 
 class _Stale(Exception):
-    """A kept-alive connection was found closed before any byte of the reply: send again."""
+    """A kept-alive connection was found closed before any byte of the reply arrived: send again."""
 
 
 class _Conn:
-    __slots__ = ("idle_since", "port", "stream", "wire")
+    __slots__ = ("idle_since", "port", "stream")
 
     def __init__(self, stream: trio.SocketStream, port: int) -> None:
         self.stream = stream
-        self.wire = h11.Connection(h11.CLIENT)
         self.idle_since = 0.0
         self.port = port
+
+
+class _Reader:
+    """One reply's parse: llhttp's callbacks turned into the head, the body pieces not yet handed on, and
+    whether the reply ended. A 1xx interim reply is skipped; a reply to HEAD ends with its head."""
+
+    __slots__ = ("body", "done", "final", "head_done", "headers", "keep_alive", "no_body", "parser", "status")
+
+    def __init__(self, *, no_body: bool) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.body: list[bytes] = []
+        self.status = 0
+        self.head_done = False
+        self.done = False
+        self.final = False  # the reply's last byte was parsed and nothing followed it
+        self.keep_alive = False
+        self.no_body = no_body
+
+    # llhttp's callbacks (httptools calls on_header once per whole header)
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        status = self.parser.get_status_code()
+        if status < 200:  # an interim reply (100 Continue): its head is not the reply's
+            self.headers = []
+            return
+        self.status = status
+        self.head_done = True
+        if self.no_body:  # llhttp cannot be told that a reply has no body; HEAD's connection is not kept
+            self.done = True
+
+    def on_body(self, body: bytes) -> None:
+        if not self.done:
+            self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.head_done and not self.done:
+            self.done = self.final = True
+            self.keep_alive = self.parser.should_keep_alive()
+
+    def on_message_begin(self) -> None:
+        if self.done:  # bytes after the reply's end: the connection's state is unknown, do not keep it
+            self.final = False
+
+    def feed(self, data: bytes) -> None:
+        """Parse one network read; b"" is the end of the connection."""
+        if not data:
+            if self.head_done and not self.done and self._until_close():
+                self.done = True  # a body without framing ends with the connection (never kept)
+                return
+            if not self.done:
+                raise UpstreamBroken("the replica closed the connection before the reply ended")
+            return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            raise UpstreamBroken("the replica switched protocols") from None
+        except httptools.HttpParserError as exc:
+            if not self.done:
+                raise UpstreamBroken(f"the replica's reply is not valid HTTP: {exc}") from None
+            self.final = False  # garbage after a whole reply: the reply stands, the connection goes
+
+    def _until_close(self) -> bool:
+        names = {name for name, _ in self.headers}
+        return b"content-length" not in names and b"transfer-encoding" not in names
+
+    def take(self) -> bytes:
+        body, self.body = self.body, []
+        return body[0] if len(body) == 1 else b"".join(body)
 
 
 class UpstreamReply:
@@ -105,12 +179,12 @@ class UpstreamReply:
 class UpstreamResponse(UpstreamReply):
     """A replica's reply: status and headers at once, the body as it arrives. Close it with ``aclose``."""
 
-    def __init__(self, pool: UpstreamPool, conn: _Conn, head: h11.Response) -> None:
+    def __init__(self, pool: UpstreamPool, conn: _Conn, reader: _Reader) -> None:
         self._pool = pool
         self._conn: _Conn | None = conn
-        self.status_code = head.status_code
-        self.reason = head.reason.decode("latin-1", "replace")
-        self.raw_headers = list(head.headers)
+        self._reader = reader
+        self.status_code = reader.status
+        self.raw_headers = reader.headers
         self._done = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -118,34 +192,32 @@ class UpstreamResponse(UpstreamReply):
         conn = self._conn
         if conn is None or self._done:
             return
-        wire = conn.wire
+        reader = self._reader
         while True:
-            parts: list[bytes] = []
-            try:
-                while True:
-                    event = wire.next_event()
-                    if event is h11.NEED_DATA:
-                        break
-                    if type(event) is h11.Data:
-                        parts.append(event.data)
-                    elif type(event) is h11.EndOfMessage:
-                        self._done = True
-                        break
-                    else:  # ConnectionClosed before the end, or a PAUSED state: the reply is cut
-                        raise UpstreamBroken("the replica closed the connection before the reply ended")
-            except h11.RemoteProtocolError as exc:
-                raise UpstreamBroken(f"the replica's reply is not valid HTTP: {exc}") from None
-            if parts:
-                yield parts[0] if len(parts) == 1 else b"".join(parts)
-            if self._done:
+            if reader.body:
+                yield reader.take()
+            if reader.done:
+                self._done = True
                 return
-            wire.receive_data(await self._pool.receive(conn))
+            reader.feed(await self._pool.receive(conn))
 
     async def aclose(self) -> None:
         """Give the connection back for the next request when the reply was read to its end, else close it."""
         conn, self._conn = self._conn, None
         if conn is not None:
-            self._pool.release(conn, reusable=self._done)
+            reader = self._reader
+            self._pool.release(conn, reusable=self._done and reader.final and reader.keep_alive)
+
+
+def request_head(method: str, target: str, headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """The request line and headers, ready to send; UpstreamBroken when one would break the framing."""
+    lines = [f"{method} {target} HTTP/1.1".encode("ascii")]
+    for name, value in headers:
+        if not name or b":" in name or any(c in name or c in value for c in _UNSAFE):
+            raise UpstreamBroken(f"the request header {name!r} cannot be sent: it would break HTTP's framing")
+        lines.append(name + b": " + value)
+    lines.append(b"\r\n")
+    return b"\r\n".join(lines)
 
 
 class UpstreamPool:
@@ -173,45 +245,34 @@ class UpstreamPool:
         if body or method not in ("GET", "HEAD"):
             head.append((b"content-length", str(len(body)).encode()))
         head.extend(headers)
-        request = h11.Request(method=method, target=target, headers=head)
+        data = request_head(method, target, head) + body
         while True:
             conn = self._take(port)
             reused = conn is not None
             if conn is None:
                 conn = await self._connect(port)
             try:
-                return await self._exchange(conn, request, body, reused)
+                return await self._exchange(conn, data, reused, no_body=method == "HEAD")
             except _Stale:
                 continue
 
-    async def _exchange(
-        self, conn: _Conn, request: h11.Request, body: bytes, reused: bool
-    ) -> UpstreamResponse:
-        wire = conn.wire
+    async def _exchange(self, conn: _Conn, data: bytes, reused: bool, *, no_body: bool) -> UpstreamResponse:
+        reader = _Reader(no_body=no_body)
         received = False
         try:
-            data = wire.send(request) or b""
-            if body:
-                data += wire.send(h11.Data(data=body)) or b""
-            data += wire.send(h11.EndOfMessage()) or b""
             with trio.fail_after(self.write_timeout):
                 await conn.stream.send_all(data)
-            while True:
-                event = wire.next_event()
-                if event is h11.NEED_DATA:
-                    chunk = await self.receive(conn)
-                    received = received or bool(chunk)
-                    wire.receive_data(chunk)
-                    continue
-                if type(event) is h11.Response:
-                    return UpstreamResponse(self, conn, event)
-                if type(event) is h11.InformationalResponse:
-                    continue
-                raise UpstreamBroken("the replica closed the connection without answering")
+            while not reader.head_done:
+                chunk = await self.receive(conn)
+                if not chunk and not received:
+                    raise UpstreamBroken("the replica closed the connection without answering")
+                received = True
+                reader.feed(chunk)
+            return UpstreamResponse(self, conn, reader)
         except trio.TooSlowError:
             self._close(conn)
             raise UpstreamBroken(f"the replica took no request bytes for {self.write_timeout:g} s") from None
-        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError, UpstreamBroken) as exc:
+        except (trio.BrokenResourceError, trio.ClosedResourceError, UpstreamBroken) as exc:
             self._close(conn)
             if reused and not received:
                 raise _Stale() from None
@@ -266,11 +327,9 @@ class UpstreamPool:
         return None
 
     def release(self, conn: _Conn, *, reusable: bool) -> None:
-        wire = conn.wire
-        if reusable and not self.closed and wire.our_state is h11.DONE and wire.their_state is h11.DONE:
+        if reusable and not self.closed:
             idle = self._idle.setdefault(conn.port, [])
             if len(idle) < IDLE_PER_PORT:
-                wire.start_next_cycle()
                 conn.idle_since = time.monotonic()
                 idle.append(conn)
                 return
