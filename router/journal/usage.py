@@ -222,6 +222,14 @@ class UsageSniffer:
 
     # ------------------------------------------------------------------------------------- event stream
     def _feed_sse(self, chunk: bytes) -> None:
+        if (
+            self.first_content_at is not None
+            and not self._line
+            and not self._skipping
+            and chunk.endswith(b"\n")
+            and not any(m in chunk for m in _MARKERS)
+        ):
+            return  # whole lines only, none of them usage, timings or an error: nothing to look at
         start = 0
         while True:
             end = chunk.find(b"\n", start)

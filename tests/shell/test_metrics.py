@@ -247,7 +247,8 @@ async def test_measured_gpu_readings_reach_the_timeline_and_the_metrics(tmp_path
 
 
 async def test_the_sniffer_reads_the_same_usage_whatever_the_chunking(tmp_path: Path) -> None:
-    """Replies captured from a replica give the same counts fed whole, byte by byte or in odd pieces."""
+    """Replies captured from a replica give the same counts fed whole, byte by byte, in odd pieces or one
+    event at a time."""
     models = {"m": {"sim": {"tokens": 9}}}
     bodies = []
     async with running_router(tmp_path, models) as h:
@@ -268,10 +269,13 @@ async def test_the_sniffer_reads_the_same_usage_whatever_the_chunking(tmp_path: 
             bodies.append((False, plain.content))
     for sse, raw in bodies:
         results = set()
-        for size in (len(raw), 1, 7, 100):
+        events = [e + b"\n\n" for e in raw.split(b"\n\n") if e]  # one event per read, as a replica sends
+        for pieces in [
+            [raw[i : i + size] for i in range(0, len(raw), size)] for size in (len(raw), 1, 7, 100)
+        ] + [events]:
             sniffer = UsageSniffer(sse=sse)
-            for i in range(0, len(raw), size):
-                sniffer.feed(raw[i : i + size])
+            for piece in pieces:
+                sniffer.feed(piece)
             sniffer.close()
             results.add((sniffer.usage, sniffer.first_content_at is not None))
         assert len(results) == 1, (raw[:200], results)
