@@ -30,7 +30,8 @@ from router.http.ollama.dialect import ollama_answer, ollama_error, unloaded_ans
 from router.http.ollama.requests import PATHS as OLLAMA_PATHS
 from router.http.ollama.requests import Exchange, translate
 from router.http.prefix_key import request_chain
-from router.http.proxy import Proxy, upstream_headers
+from router.http.proxy import Proxy, WriterOf, upstream_headers
+from router.http.relay_pump import ClientWriter
 from router.http.reply import Reply, error_reply, internal_error_reply, send_reply
 from router.http.request_body import BodyError, check_fields, parse_object
 from router.http.scope import out_of_scope
@@ -83,8 +84,18 @@ class _ClientLeft(Exception):
 class Forwarder:
     """Serves one forwarded API request per call (an ASGI application for those paths only)."""
 
-    def __init__(self, config: Config, desk: Desk, proxy: Proxy, client: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        config: Config,
+        desk: Desk,
+        proxy: Proxy,
+        client: httpx.AsyncClient,
+        writer_for: Callable[[Send], ClientWriter | None] | None = None,
+    ) -> None:
+        """``writer_for``: the HTTP server's writer of a started response's body, given its ASGI send (for
+        the relay pump); None sends every body through ASGI."""
         self.desk = desk
+        self.writer_for = writer_for
         self.proxy = proxy
         self.client = client  # for exact token counts of pooled requests
         self.bind_host = config.router.host  # fixed until a restart, like the listening socket
@@ -152,7 +163,10 @@ class Forwarder:
             nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
             try:
                 query = scope.get("query_string", b"")
-                reply, admitted = await self._serve(path, raw, raw_headers, (client, check.client), query)
+                writer_for = self.writer_for
+                writer = None if writer_for is None else lambda: writer_for(send)
+                sender = (client, check.client)
+                reply, admitted = await self._serve(path, raw, raw_headers, sender, query, writer)
                 if admitted:
                     headers = dict(reply.headers)
                     cors_reply_headers(headers, verdict.cors_origin, cors_origins)
@@ -208,6 +222,7 @@ class Forwarder:
         raw_headers: list[tuple[bytes, bytes]],
         sender: tuple[str, Client],
         query: bytes,
+        writer: WriterOf | None = None,
     ) -> tuple[Reply, bool]:
         """The answer, and whether the request was admitted (else the answer is a refusal). ``sender``: the
         client's address and who its key names."""
@@ -265,6 +280,7 @@ class Forwarder:
             body=raw,
             headers=upstream_headers(raw_headers),
             stream=body.get("stream") is True,
+            writer=writer if exchange is None else None,  # Ollama's replies are translated chunk by chunk
         )
         if exchange is not None:
             reply = await ollama_answer(exchange, reply, ticket)

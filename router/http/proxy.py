@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import attrs
 import trio
@@ -26,10 +26,18 @@ from router.http.body_filters import filtered_for
 from router.http.browser_guard import drop_cors
 from router.http.errors import HttpCode, sse_error, status_of
 from router.http.peer_relay import PeerRelay
+from router.http.relay_pump import ClientWriter, RelayPump
 from router.http.replica_errors import BODY_LIMIT, ReplicaError, shape_replica_error
 from router.http.reply import Reply, error_reply
 from router.http.request_body import json_object
-from router.http.upstream import ConnectFailed, UpstreamBroken, UpstreamError, UpstreamPool, UpstreamReply
+from router.http.upstream import (
+    ConnectFailed,
+    UpstreamBroken,
+    UpstreamError,
+    UpstreamPool,
+    UpstreamReply,
+    UpstreamResponse,
+)
 from router.shell.ticket import Ticket
 from router.shell.views import RouterView
 from statemachine import Dispatch, RejectCode
@@ -153,11 +161,18 @@ def _target(path: str, query: bytes) -> str:
     return target + "?" + query.decode("latin-1") if query else target
 
 
+# The client's writer for a response whose head has gone out (router.http.relay_pump), or None.
+WriterOf = Callable[[], ClientWriter | None]
+
+
 class Proxy:
-    def __init__(self, view: RouterView, pool: UpstreamPool, peers: PeerRelay) -> None:
+    def __init__(
+        self, view: RouterView, pool: UpstreamPool, peers: PeerRelay, pump: RelayPump | None = None
+    ) -> None:
         self.view = view
         self.pool = pool
         self.peers = peers
+        self.pump = pump  # relays streamed bodies whose client gives a writer (None: every body is yielded)
 
     async def respond(
         self,
@@ -169,9 +184,12 @@ class Proxy:
         body: bytes,
         headers: list[tuple[bytes, bytes]],
         stream: bool,
+        writer: WriterOf | None = None,
     ) -> Reply:
         """The answer to an admitted request; ``headers``: the client's, as ``upstream_headers`` left them.
-        The ticket is ended here when the answer is whole, else by the relay of its body."""
+        The ticket is ended here when the answer is whole, else by the relay of its body. ``writer``: asked
+        once the reply's head has gone out, for a writer of its body straight to the client (the pump
+        relays it then, and the body yields nothing, or only a last error event)."""
         ticket.observed.stream = stream
         try:
             if stream:
@@ -179,7 +197,7 @@ class Proxy:
             else:
                 await ticket.decided.wait()
             if not ticket.decided.is_set():
-                gen = self._wait_then_relay(ticket, method, path, query, body, headers)
+                gen = self._wait_then_relay(ticket, method, path, query, body, headers, writer)
                 return Reply(200, {"content-type": "text/event-stream"}, gen)
             opened = await self._open(ticket, method, path, query, body, headers)
         except BaseException:
@@ -193,7 +211,7 @@ class Proxy:
         return Reply(
             opened.status_code,
             reply_headers(opened, ticket.model),
-            self._relay(ticket, opened, sse),
+            self._relay(ticket, opened, sse, writer),
             length=int(length) if length is not None and length.isdigit() and not sse else None,
         )
 
@@ -270,15 +288,22 @@ class Proxy:
         info = self.view.replica_info(dispatch.replica) if isinstance(dispatch, Dispatch) else None
         return info is not None and info.unresponsive
 
-    async def _relay(self, ticket: Ticket, upstream: UpstreamReply, sse: bool) -> AsyncIterator[bytes]:
+    async def _relay(
+        self, ticket: Ticket, upstream: UpstreamReply, sse: bool, writer: WriterOf | None = None
+    ) -> AsyncIterator[bytes]:
         # No cancel scope spans a yield here: the exchange ends by itself when the replica goes away.
         completed = False
         sniffer = ticket.observed.sniff(sse=sse)
         try:
             try:
-                async for chunk in upstream.chunks():
-                    sniffer.feed(chunk)
-                    yield chunk
+                pumped = self._pumped(upstream, writer)
+                if pumped is not None:
+                    pump, response, direct = pumped
+                    await pump.relay(response, direct, sniffer.feed, self.pool.read_timeout)
+                else:
+                    async for chunk in upstream.chunks():
+                        sniffer.feed(chunk)
+                        yield chunk
                 completed = True
             except UpstreamError as exc:
                 completed = True
@@ -295,6 +320,15 @@ class Proxy:
             with trio.CancelScope(shield=True):
                 await upstream.aclose()
             ticket.end(completed=completed)
+
+    def _pumped(
+        self, upstream: UpstreamReply, writer: WriterOf | None
+    ) -> tuple[RelayPump, UpstreamResponse, ClientWriter] | None:
+        """The pump, the replica's reply and the client's writer, when the pump can relay this body."""
+        if writer is None or self.pump is None or not isinstance(upstream, UpstreamResponse):
+            return None
+        direct = writer()
+        return None if direct is None else (self.pump, upstream, direct)
 
     @staticmethod
     def _error_reply(ticket: Ticket, upstream: UpstreamReply, error: ReplicaError) -> Reply:
@@ -323,6 +357,7 @@ class Proxy:
         query: bytes,
         body: bytes,
         headers: list[tuple[bytes, bytes]],
+        writer: WriterOf | None = None,
     ) -> AsyncIterator[bytes]:
         try:
             while not ticket.decided.is_set():
@@ -338,7 +373,7 @@ class Proxy:
             yield _as_event(opened.reply)
             return
         sse = (opened.header(b"content-type") or "").startswith("text/event-stream")
-        relay = self._relay(ticket, opened, sse)
+        relay = self._relay(ticket, opened, sse, writer)
         try:
             async for chunk in relay:
                 yield chunk

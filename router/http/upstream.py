@@ -201,6 +201,23 @@ class UpstreamResponse(UpstreamReply):
                 return
             reader.feed(await self._pool.receive(conn))
 
+    # For router.http.relay_pump, which reads the body in its own task.
+    def fileno(self) -> int:
+        """The connection's descriptor (-1 once closed)."""
+        return -1 if self._conn is None else self._conn.stream.socket.fileno()
+
+    def take_body(self) -> bytes:
+        """The body parsed so far and not yet handed on (b"" if none)."""
+        return self._reader.take() if self._reader.body else b""
+
+    def feed_read(self, data: bytes) -> bytes:
+        """Parse one network read (b"": the connection ended); the body it brings. Raises UpstreamBroken."""
+        reader = self._reader
+        reader.feed(data)
+        if reader.done:
+            self._done = True
+        return reader.take() if reader.body else b""
+
     async def aclose(self) -> None:
         """Give the connection back for the next request when the reply was read to its end, else close it."""
         conn, self._conn = self._conn, None

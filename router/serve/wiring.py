@@ -16,8 +16,10 @@ from router.http.dash import register_dash
 from router.http.forward import DataPath, Forwarder
 from router.http.peer_relay import PeerRelay
 from router.http.proxy import Proxy
+from router.http.relay_pump import RelayPump
 from router.http.upstream import UpstreamPool
 from router.observe.observers import Observers, start_observers
+from router.serve.client_writer import client_writer
 from router.shell.runtime import Router
 from router.shell.views import Admin, Desk, RouterView
 
@@ -58,8 +60,10 @@ async def wire(nursery: trio.Nursery, config: Config, router: Router, client: ht
     router.stop_listeners.append(pool.forget_port)
     admin = Admin(router)  # the narrowest view each part needs: Admin > Desk > RouterView
     peers = PeerRelay(RouterView(router), router.peer_http, config.router.reply_timeout)
-    proxy = Proxy(RouterView(router), pool, peers)
+    pump = RelayPump()
+    await nursery.start(pump.run)
+    proxy = Proxy(RouterView(router), pool, peers, pump)
     app = create_app(config, admin, proxy)
     register_dash(app, config, Desk(router), observers, proxy)
-    data_path = DataPath(app, Forwarder(config, Desk(router), proxy, client))
+    data_path = DataPath(app, Forwarder(config, Desk(router), proxy, client, writer_for=client_writer))
     return Wired(observers, pool, proxy, app, data_path)
