@@ -228,6 +228,8 @@ class UpstreamResponse(UpstreamReply):
 
 def request_head(method: str, target: str, headers: Iterable[tuple[bytes, bytes]]) -> bytes:
     """The request line and headers, ready to send; UpstreamBroken when one would break the framing."""
+    if any(c in target for c in " \r\n\0") or not target:
+        raise UpstreamBroken(f"the request target {target!r} cannot be sent: it would break HTTP's framing")
     lines = [f"{method} {target} HTTP/1.1".encode("ascii")]
     for name, value in headers:
         if not name or b":" in name or any(c in name or c in value for c in _UNSAFE):

@@ -115,3 +115,6 @@ def test_a_header_that_would_break_the_framing_is_refused() -> None:
     for name, value in [(b"a", b"b\r\nx: y"), (b"a\n", b"b"), (b"a:b", b"c"), (b"", b"c"), (b"a", b"\0")]:
         with pytest.raises(UpstreamBroken, match="framing"):
             request_head("GET", "/x", [(name, value)])
+    for target in ("/x y", "/x\r\nHost: z", ""):
+        with pytest.raises(UpstreamBroken, match="framing"):
+            request_head("GET", target, [])
