@@ -185,19 +185,22 @@ class UpstreamResponse(UpstreamReply):
         self._reader = reader
         self.status_code = reader.status
         self.raw_headers = reader.headers
-        self._done = False
+
+    @property
+    def complete(self) -> bool:
+        """Whether the whole reply has been parsed (its body may have come with the head)."""
+        return self._reader.done
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body, one chunk per network read (empty reads are skipped); raises UpstreamError."""
         conn = self._conn
-        if conn is None or self._done:
+        if conn is None:
             return
         reader = self._reader
         while True:
             if reader.body:
                 yield reader.take()
             if reader.done:
-                self._done = True
                 return
             reader.feed(await self._pool.receive(conn))
 
@@ -212,18 +215,16 @@ class UpstreamResponse(UpstreamReply):
 
     def feed_read(self, data: bytes) -> bytes:
         """Parse one network read (b"": the connection ended); the body it brings. Raises UpstreamBroken."""
-        reader = self._reader
-        reader.feed(data)
-        if reader.done:
-            self._done = True
-        return reader.take() if reader.body else b""
+        self._reader.feed(data)
+        return self.take_body()
 
     async def aclose(self) -> None:
-        """Give the connection back for the next request when the reply was read to its end, else close it."""
+        """Give the connection back for the next request when the whole reply was parsed and nothing followed
+        it (and it did not ask to close), else close it."""
         conn, self._conn = self._conn, None
         if conn is not None:
             reader = self._reader
-            self._pool.release(conn, reusable=self._done and reader.final and reader.keep_alive)
+            self._pool.release(conn, reusable=reader.final and reader.keep_alive)
 
 
 def request_head(method: str, target: str, headers: Iterable[tuple[bytes, bytes]]) -> bytes:

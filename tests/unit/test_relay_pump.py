@@ -69,6 +69,23 @@ async def test_a_body_is_relayed_whole_and_the_connection_kept(take: int | None)
         nursery.cancel_scope.cancel()
 
 
+async def test_a_body_that_came_whole_with_the_head_ends_at_once() -> None:
+    pump = RelayPump()
+    script = Scripted([CHUNKED])  # head and body in one read; the connection stays open after it
+    script.hold = trio.Event()
+    seen: list[bytes] = []
+    async with serving(script) as (pool, port), trio.open_nursery() as nursery:
+        await nursery.start(pump.run)
+        reply = await open_reply(pool, port)
+        client = Client()
+        await pump.relay(reply, client, seen.append, read_timeout=5.0)  # no wait for bytes that never come
+        await reply.aclose()
+        assert unchunked(client.wire) == CHUNKED_BODY == b"".join(seen)
+        assert pool.idle_count() == 1 and len(pump) == 0
+        script.hold.set()
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_cut_body_raises_and_a_silent_replica_times_out_leaving_the_pump_empty() -> None:
     pump = RelayPump()
     partial = CHUNKED[: CHUNKED.index(b"%x" % len(EVENTS[1]) + b"\r\n")]  # the first event, then nothing
