@@ -13,7 +13,6 @@ Pinned to hypercorn 0.18 like the fixes beside it: the ASGI ``send`` it is given
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import h11
@@ -23,15 +22,16 @@ from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.http_stream import HTTPStream
 from hypercorn.trio.tcp_server import TCPServer
 
+from router.serve.hypercorn_fixes import write_now
+
 
 class ClientWriter:
     """Writes a response's body pieces to its client (see ``router.http.relay_pump.ClientWriter``)."""
 
-    __slots__ = ("_chunked", "_lock", "_server", "_socket")
+    __slots__ = ("_chunked", "_lock", "_server")
 
     def __init__(self, server: TCPServer, chunked: bool) -> None:
         self._server = server
-        self._socket = server.stream.socket
         self._lock = server.send_lock
         self._chunked = chunked
 
@@ -39,13 +39,9 @@ class ClientWriter:
         return b"%x\r\n%b\r\n" % (len(chunk), chunk) if self._chunked else chunk
 
     def write_now(self, data: bytes) -> int:
-        fd = self._socket.fileno()  # -1 once closed: its number may belong to another connection by now
-        if fd < 0 or self._lock.locked():
+        if self._lock.locked():  # a waiting write holds the connection: what follows must queue behind it
             return 0
-        try:
-            return os.write(fd, data)
-        except OSError:
-            return 0  # would block, or broken: the waiting write finds out which and answers for it
+        return len(data) - len(write_now(self._server, data))
 
     async def write(self, data: bytes) -> None:
         await self._server.protocol_send(RawData(data=data))

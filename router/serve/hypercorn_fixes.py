@@ -220,14 +220,14 @@ def _stop_idle_timer_when_reading_ends(original: Any) -> Any:
     return read_data
 
 
-def _write_now(server: TCPServer, data: bytes) -> bytes:
+def write_now(server: TCPServer, data: bytes) -> bytes:
     """Write what the kernel takes of ``data`` at once, without yielding: one system call and no pass
     through Trio's run loop (a relayed chunk usually goes whole). The rest, for a write that waits."""
     sock = getattr(server.stream, "socket", None)  # a plain TCP stream (the router serves no TLS itself)
     if sock is None:
         return data
     try:
-        sent = os.write(sock.fileno(), data)
+        sent = os.write(sock.fileno(), data)  # a closed socket's number is -1, which os.write refuses
     except OSError:
         return data  # would block, or broken: the waiting write finds out which and answers for it
     return data[sent:]
@@ -248,7 +248,7 @@ def _bounded_writes(original: Any) -> Any:
             await lock.acquire()
             rest = event.data
         else:
-            rest = _write_now(self, event.data)
+            rest = write_now(self, event.data)
         broken = stalled = False
         try:
             if rest:
