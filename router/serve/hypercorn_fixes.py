@@ -49,6 +49,7 @@ import json
 import logging
 import math
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import h11
@@ -67,14 +68,18 @@ _send_timeout = 60.0
 _max_connections: int | None = None
 _open_connections = 0
 _REFUSE_WITHIN = 1.0  # seconds to hand the 503 to a connection over the budget before closing it
+Front = Callable[[TCPServer], Awaitable[bool]]
+_front: Front | None = None
 
 
-def apply(send_timeout: float = 60.0, max_connections: int | None = None) -> None:
+def apply(send_timeout: float = 60.0, max_connections: int | None = None, front: Front | None = None) -> None:
     """Install the fixes (idempotent); ``send_timeout`` bounds every write to a client and
-    ``max_connections`` the client connections open at once (None: no limit)."""
-    global _send_timeout, _max_connections
+    ``max_connections`` the client connections open at once (None: no limit). ``front``: serves each new
+    connection first and says whether hypercorn is to take it over (``router.serve.api_front``)."""
+    global _send_timeout, _max_connections, _front
     _send_timeout = send_timeout
     _max_connections = max_connections
+    _front = front
     if not getattr(TCPServer.run, _MARK, False):
         TCPServer.run = _budgeted_connections(TCPServer.run)  # type: ignore[method-assign]
     if not getattr(TCPServer._close, _MARK, False):
@@ -126,7 +131,8 @@ def _budgeted_connections(original: Any) -> Any:
             return
         _open_connections += 1
         try:
-            await original(self)
+            if _front is None or await _front(self):
+                await original(self)
         finally:
             _open_connections -= 1
 
@@ -226,11 +232,39 @@ def write_now(server: TCPServer, data: bytes) -> bytes:
     sock = getattr(server.stream, "socket", None)  # a plain TCP stream (the router serves no TLS itself)
     if sock is None:
         return data
+    return write_now_to(sock, data)
+
+
+def write_now_to(sock: trio.socket.SocketType, data: bytes) -> bytes:
+    """``write_now`` on a socket: what is left of ``data`` after one non-blocking write."""
     try:
         sent = os.write(sock.fileno(), data)  # a closed socket's number is -1, which os.write refuses
     except OSError:
         return data  # would block, or broken: the waiting write finds out which and answers for it
     return data[sent:]
+
+
+async def bounded_send(stream: trio.abc.SendStream, data: bytes) -> str | None:
+    """Send ``data`` to a client, waiting at most ``send_timeout`` seconds for the kernel to take it,
+    shielded from cancellation (a response is not torn by an unrelated cancellation). None when it went;
+    else why not: "broken" (the client is gone) or "stalled" (it stopped reading: the stream is closed)."""
+    scope = trio.CancelScope(shield=True, deadline=trio.current_time() + _send_timeout)
+    _writes.add(scope)
+    broken = False
+    try:
+        with scope:
+            try:
+                await stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                broken = True
+    finally:
+        _writes.discard(scope)
+    if scope.cancelled_caught:
+        log.info("a client stopped reading its reply; its connection is closed and its request ended")
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+        return "stalled"
+    return "broken" if broken else None
 
 
 def _bounded_writes(original: Any) -> Any:
@@ -249,28 +283,13 @@ def _bounded_writes(original: Any) -> Any:
             rest = event.data
         else:
             rest = write_now(self, event.data)
-        broken = stalled = False
+        failed = None
         try:
             if rest:
-                # Shielded as before (a response is not torn by an unrelated cancellation), but bounded.
-                scope = trio.CancelScope(shield=True, deadline=trio.current_time() + _send_timeout)
-                _writes.add(scope)
-                try:
-                    with scope:
-                        try:
-                            await self.stream.send_all(rest)
-                        except (trio.BrokenResourceError, trio.ClosedResourceError):
-                            broken = True
-                finally:
-                    _writes.discard(scope)
-                stalled = scope.cancelled_caught
+                failed = await bounded_send(self.stream, rest)
         finally:
             lock.release()
-        if stalled:
-            log.info("a client stopped reading its reply; its connection is closed and its request ended")
-            with trio.CancelScope(shield=True):
-                await self.stream.aclose()
-        if broken or stalled:
+        if failed is not None:
             await self.protocol.handle(Closed())
 
     setattr(protocol_send, _MARK, True)
