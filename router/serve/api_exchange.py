@@ -1,0 +1,188 @@
+"""One request and its response on the API front's connection, as the ASGI ``receive`` and ``send`` the
+forwarding path (``router.http.forward``) is written against.
+
+``receive`` hands out the body as it arrives, then waits for the client to leave (``http.disconnect``);
+``send`` writes the head together with the first piece of the body, frames the body (Content-Length as
+given, else chunked to an HTTP/1.1 client, else ended by the close) and every write goes at once where the
+kernel takes it, else waits at most ``send_timeout`` (``router.serve.hypercorn_fixes.bounded_send``): a
+client that stops reading is cut, and the application learns it left. :meth:`ApiExchange.writer` hands the
+relay pump (``router.http.relay_pump``) the client's side of a started chunked or close-delimited body.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import http
+import time
+from typing import Any, Protocol
+
+import trio
+
+from router.serve.api_head import ApiHead
+from router.serve.hypercorn_fixes import bounded_send, write_now_to
+
+PIPELINE_LIMIT = 64 * 1024  # bytes of a next request read ahead while a response is under way
+_DISCONNECT = {"type": "http.disconnect"}
+_date: tuple[int, bytes] = (0, b"")
+
+
+def _date_header() -> bytes:
+    global _date
+    now = int(time.time())
+    if _date[0] != now:
+        _date = (now, b"date: " + email.utils.formatdate(now, usegmt=True).encode() + b"\r\n")
+    return _date[1]
+
+
+def _reason(status: int) -> bytes:
+    try:
+        return http.HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""
+
+
+class Connection(Protocol):
+    """The front's client connection, as an exchange uses it (``router.serve.api_front.ApiConnection``)."""
+
+    buffer: bytearray  # bytes read and not yet taken
+    closed: trio.Event
+    socket: trio.socket.SocketType
+    stream: trio.SocketStream
+
+    async def read(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+class ApiExchange:
+    """The ASGI side of one request the front serves (see the module's docstring)."""
+
+    def __init__(self, connection: Connection, head: ApiHead) -> None:
+        self.connection = connection
+        self.head = head
+        self.body_left = head.length
+        self.body_asked = False  # the first receive() gives the body even when it is empty
+        self.keep_alive = head.keep_alive
+        self.started = False  # the response's head is written
+        self.ended = False  # the response's last byte is written
+        self.gone = False  # the client left, or a write to it failed: the connection is over
+        self._start: dict[str, Any] | None = None
+        self._chunked = False
+        self._counted: int | None = None  # the body bytes a Content-Length still expects
+        self._pending = b""  # the head, written when the body's first write comes
+        self._lock = trio.Lock()  # a write that waits holds it
+
+    async def receive(self) -> dict[str, Any]:
+        connection = self.connection
+        if not self.body_asked or self.body_left > 0:
+            self.body_asked = True
+            if not connection.buffer and self.body_left > 0 and not await connection.read():
+                self.gone = True
+                return _DISCONNECT
+            size = min(self.body_left, len(connection.buffer))
+            chunk = bytes(connection.buffer[:size])
+            del connection.buffer[:size]
+            self.body_left -= size
+            return {"type": "http.request", "body": chunk, "more_body": self.body_left > 0}
+        while not (self.ended or self.gone):
+            if len(connection.buffer) >= PIPELINE_LIMIT:  # read no further ahead; the end wakes us
+                await connection.closed.wait()
+                break
+            if not await connection.read():
+                self.gone = True
+        return _DISCONNECT
+
+    async def send(self, message: dict[str, Any]) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self._start = message
+            return
+        if kind != "http.response.body" or self.gone or self.ended:
+            return
+        body: bytes = message.get("body", b"")
+        more: bool = message.get("more_body", False)
+        data = self._head() if not self.started else self._pending
+        self._pending = b""
+        data += self.frame(body) if body else b""
+        if self._counted is not None:
+            self._counted -= len(body)
+        if not more:
+            self.ended = True
+            if self._chunked:
+                data += b"0\r\n\r\n"
+            if self._counted:  # the body ended short of its Content-Length: the framing is broken
+                self.keep_alive = False
+        if data:
+            await self.write(data)
+
+    def _head(self) -> bytes:
+        self.started = True
+        start = self._start or {"status": 500, "headers": []}
+        status: int = start["status"]
+        lines = [b"HTTP/1.1 %d %b\r\n" % (status, _reason(status))]
+        for name, value in start["headers"]:
+            name = name.lower()
+            if name == b"content-length":
+                self._counted = int(value)
+            elif name == b"connection":
+                if b"close" in value.lower():
+                    self.keep_alive = False
+                continue
+            lines.append(b"%b: %b\r\n" % (name, value))
+        if self._counted is None:
+            if self.head.version == "1.1":
+                self._chunked = True
+                lines.append(b"transfer-encoding: chunked\r\n")
+            else:
+                self.keep_alive = False  # the close ends the body
+        if self.body_left > 0:  # the application answered without reading the whole body
+            self.keep_alive = False
+        if not self.keep_alive:
+            lines.append(b"connection: close\r\n")
+        lines.append(_date_header())
+        lines.append(b"\r\n")
+        return b"".join(lines)
+
+    # The client's side of a started body, for the relay pump.
+
+    def frame(self, chunk: bytes) -> bytes:
+        return b"%x\r\n%b\r\n" % (len(chunk), chunk) if self._chunked else chunk
+
+    def write_now(self, data: bytes) -> int:
+        if self.gone or self._pending or self._lock.locked():  # what follows queues behind a waiting write
+            return 0
+        return len(data) - len(write_now_to(self.connection.socket, data))
+
+    async def write(self, data: bytes) -> None:
+        if self.gone:
+            return
+        if self._pending:
+            data, self._pending = self._pending + data, b""
+        lock = self._lock
+        try:
+            lock.acquire_nowait()
+        except trio.WouldBlock:
+            await lock.acquire()
+            rest = data
+        else:
+            rest = write_now_to(self.connection.socket, data)
+        try:
+            failed = await bounded_send(self.connection.stream, rest) if rest else None
+        finally:
+            lock.release()
+        if failed is not None:
+            self.gone = True
+            await self.connection.close()
+
+    def writer(self) -> ApiExchange | None:
+        """This exchange as the relay pump's ClientWriter, once its response has started with a body it can
+        frame alone (chunked, or ended by the close). The head goes out now, or with the next write."""
+        if self._start is None or self.ended or self.gone:
+            return None
+        if not self.started:
+            head = self._head()
+            if self._counted is not None:
+                self._pending = head
+                return None
+            self._pending = write_now_to(self.connection.socket, head)
+        return None if self._counted is not None else self

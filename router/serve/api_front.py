@@ -1,0 +1,186 @@
+"""The API's own HTTP/1.1 front: forwarded API requests served without hypercorn's layers.
+
+Every API request used to cross hypercorn's h11 state machines, its per-request tasks and stream objects
+and its ASGI translation, both ways: about a third of the router's processor time per small request, and
+most of what it adds to a request's latency besides the scheduler. The front takes each new client
+connection first. While the connection sends what it serves (``router.serve.api_head``: a POST to a
+forwarded path with a plain body), it parses each head with llhttp (httptools), runs the forwarding path
+(``router.http.forward``) over a lean ASGI exchange (``router.serve.api_exchange``) and keeps the
+connection alive between requests. At the first request it does not serve — a page, the dashboard, an
+admin action, a preflight, anything malformed — it hands the connection to hypercorn with the bytes it
+has read so far, and hypercorn serves the connection from there on exactly as it serves any other.
+
+Limits are hypercorn's: ``read_timeout`` for a request's head, ``keep_alive_timeout`` between requests, the
+head's size (``h11_max_incomplete_size``; a larger one is handed over and refused there), and
+``send_timeout`` on every write (``router.serve.hypercorn_fixes``). Connections count against
+``max_connections`` like any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from typing import Any
+
+import trio
+from hypercorn.app_wrappers import ASGIWrapper
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
+
+from router.http.reply import internal_error_reply, send_reply
+from router.serve.api_exchange import ApiExchange
+from router.serve.api_head import HEAD_END, api_head
+
+log = logging.getLogger("router")
+
+
+class Replayed:
+    """A client stream handed to hypercorn: its first read returns the bytes the front had read already."""
+
+    def __init__(self, stream: trio.SocketStream, read: bytes) -> None:
+        self._stream = stream
+        self._read = read
+        self.socket = stream.socket
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        if self._read:
+            data, self._read = self._read, b""
+            await trio.lowlevel.checkpoint()
+            return data
+        return await self._stream.receive_some(max_bytes)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class ApiConnection:
+    """One client connection while the front serves it."""
+
+    def __init__(self, stream: trio.SocketStream, app: Any, server: TCPServer) -> None:
+        self.stream = stream
+        self.socket = stream.socket
+        self.app = app
+        self.buffer = bytearray()
+        self.closed = trio.Event()
+        config = server.config
+        self.read_timeout = config.read_timeout or math.inf
+        self.idle_timeout = config.keep_alive_timeout
+        self.head_limit = config.h11_max_incomplete_size
+        self.terminated = server.context.terminated
+        self.client = _address(stream.socket.getpeername())
+        self.server = _address(stream.socket.getsockname())
+
+    async def read(self) -> bool:
+        """Read what the client sent into ``buffer``; False when it closed (or the connection is over)."""
+        try:
+            data = await self.stream.receive_some(MAX_RECV)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        self.buffer += data
+        return bool(data)
+
+    async def close(self) -> None:
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        with trio.CancelScope(shield=True):
+            with contextlib.suppress(
+                trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError
+            ):
+                await self.stream.send_eof()
+            await self.stream.aclose()
+
+    async def serve(self) -> bytes | None:
+        """Serve requests until the connection ends (None) or one is not the front's: then the bytes read
+        of it so far, for hypercorn."""
+        while True:
+            end = await self._next_head()
+            if end is None:
+                return None
+            head = api_head(bytes(self.buffer[:end]), self.app.forwards) if end else None
+            if head is None:
+                return bytes(self.buffer)
+            del self.buffer[:end]
+            if not await self._exchange(ApiExchange(self, head)) or self.terminated.is_set():
+                return None
+
+    async def _next_head(self) -> int | None:
+        """Where the next head ends in ``buffer`` (0: too large, or not a head the front can find), or None
+        when the client closed or went quiet."""
+        timeout = self.read_timeout if self.buffer else self.idle_timeout
+        searched = 0
+        with trio.move_on_after(timeout):
+            while True:
+                found = self.buffer.find(HEAD_END, searched)
+                if found >= 0:
+                    return found + len(HEAD_END)
+                if len(self.buffer) > self.head_limit:
+                    return 0
+                searched = max(0, len(self.buffer) - len(HEAD_END) + 1)
+                if self.terminated.is_set() and not self.buffer:
+                    return None
+                if not await self.read():
+                    return None
+                timeout = self.read_timeout
+        return None
+
+    async def _exchange(self, exchange: ApiExchange) -> bool:
+        """Run one request; whether the connection may carry another."""
+        head = exchange.head
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": head.version,
+            "method": "POST",
+            "scheme": "http",
+            "path": head.path,
+            "raw_path": head.raw_path,
+            "query_string": head.query,
+            "root_path": "",
+            "headers": head.headers,
+            "client": self.client,
+            "server": self.server,
+            "extensions": {},
+        }
+        try:
+            await self.app(scope, exchange.receive, exchange.send)
+        except Exception as exc:
+            log.exception("the forwarding path failed on POST %s", head.path)
+            if not exchange.started:
+                exchange.keep_alive = False
+                await send_reply(exchange.send, internal_error_reply(exc, "POST", head.path), [])
+        if not exchange.ended:
+            exchange.keep_alive = False
+        return exchange.keep_alive and not exchange.gone
+
+
+def _address(name: Any) -> tuple[str, int] | None:
+    return (str(name[0]), int(name[1])) if isinstance(name, tuple) and len(name) >= 2 else None
+
+
+async def take_api_requests(server: TCPServer) -> bool:
+    """Serve a new connection's API requests (``router.serve.hypercorn_fixes.apply``'s ``front``); whether
+    hypercorn is to take the connection over."""
+    app = server.app.app if isinstance(server.app, ASGIWrapper) else None
+    stream = server.stream
+    if getattr(stream, "socket", None) is None or not hasattr(app, "forwards"):
+        return True
+    try:
+        connection = ApiConnection(stream, app, server)
+    except OSError:  # the client is gone already
+        with trio.CancelScope(shield=True):
+            await stream.aclose()
+        return False
+    try:
+        read = await connection.serve()
+    except Exception:
+        log.exception("the API front failed on a connection; it is closed")
+        read = None
+    except BaseException:
+        await connection.close()
+        raise
+    if read is None:
+        await connection.close()
+        return False
+    server.stream = Replayed(stream, read)  # type: ignore[assignment]
+    return True

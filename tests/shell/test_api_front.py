@@ -1,0 +1,185 @@
+"""The API front in a running router: it serves the forwarded API on kept-alive connections, hands a
+connection to hypercorn at its first other request (bytes already read included), and leaves hypercorn
+whatever it does not serve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import h11
+import pytest
+import trio
+
+from router.serve.api_front import ApiConnection
+from tests.support.client import chat_body
+from tests.support.harness import RouterHandle, running_router
+
+pytestmark = pytest.mark.shell
+
+CHAT = json.dumps(chat_body("m", max_tokens=3)).encode()
+
+
+def counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths of the exchanges the front serves (it serves them as it is)."""
+    seen: list[str] = []
+    original = ApiConnection._exchange
+
+    async def exchange(self: ApiConnection, lean: Any) -> bool:
+        seen.append(lean.head.path)
+        return await original(self, lean)
+
+    monkeypatch.setattr(ApiConnection, "_exchange", exchange)
+    return seen
+
+
+def post(path: str = "/v1/chat/completions", body: bytes = CHAT, extra: str = "") -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra}"
+    return (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+GET_MODELS = b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+class Conversation:
+    """One client connection, its replies read with h11."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.h11 = h11.Connection(h11.CLIENT)
+
+    async def reply(self) -> tuple[int, dict[str, str], bytes]:
+        status, headers, body = 0, {}, b""
+        # h11 reads replies to the requests it sent: the bytes were sent raw, the events stand for them
+        self.h11.send(
+            h11.Request(method="POST", target="/", headers=[("host", "x"), ("content-length", "0")])
+        )
+        self.h11.send(h11.EndOfMessage())
+        with trio.fail_after(10):
+            while True:
+                event = self.h11.next_event()
+                if event is h11.NEED_DATA:
+                    self.h11.receive_data(await self.stream.receive_some(65536))
+                elif isinstance(event, h11.Response):
+                    status = event.status_code
+                    headers = {k.decode(): v.decode() for k, v in event.headers}
+                elif isinstance(event, h11.Data):
+                    body += event.data
+                elif isinstance(event, h11.EndOfMessage):
+                    if self.h11.states == {h11.CLIENT: h11.DONE, h11.SERVER: h11.DONE}:
+                        self.h11.start_next_cycle()
+                    return status, headers, body
+                elif isinstance(event, h11.ConnectionClosed):
+                    return status, headers, body
+
+    async def closed(self) -> bool:
+        with trio.fail_after(10):
+            return await self.stream.receive_some(65536) == b""
+
+
+async def conversation(h: RouterHandle) -> Conversation:
+    return Conversation(await trio.open_tcp_stream("127.0.0.1", h.config.router.port))
+
+
+async def test_one_connection_carries_api_requests_then_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = counting(monkeypatch)
+    async with running_router(tmp_path, {"m": {"sim": {"tokens": 3}}}) as h:
+        talk = await conversation(h)
+        async with talk.stream:
+            for _ in range(2):
+                await talk.stream.send_all(post())
+                status, headers, body = await talk.reply()
+                assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
+                assert "date" in headers and headers.get("connection") != "close"
+            assert seen == ["/v1/chat/completions"] * 2
+            # the first request the front does not serve: hypercorn takes the connection over
+            await talk.stream.send_all(GET_MODELS)
+            status, _, body = await talk.reply()
+            assert status == 200 and json.loads(body)["data"][0]["id"] == "m"
+            await talk.stream.send_all(post())
+            status, _, body = await talk.reply()
+            assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
+        assert len(seen) == 2
+
+
+async def test_pipelined_requests_are_answered_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = counting(monkeypatch)
+    async with running_router(tmp_path, {"m": {"sim": {"tokens": 3}}}) as h:
+        talk = await conversation(h)
+        async with talk.stream:
+            tokenize = post("/tokenize", json.dumps({"model": "m", "content": "a b c"}).encode())
+            await talk.stream.send_all(post() + tokenize + GET_MODELS + post())
+            replies = [await talk.reply() for _ in range(4)]
+        assert [status for status, _, _ in replies] == [200] * 4
+        assert "choices" in json.loads(replies[0][2]) and "tokens" in json.loads(replies[1][2])
+        assert json.loads(replies[2][2])["object"] == "list" and "choices" in json.loads(replies[3][2])
+        assert seen == ["/v1/chat/completions", "/tokenize"]
+
+
+async def test_a_body_in_pieces_and_a_closing_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = counting(monkeypatch)
+    async with running_router(tmp_path, {"m": {"sim": {"tokens": 3}}}) as h:
+        talk = await conversation(h)
+        async with talk.stream:
+            data = post(extra="Connection: close\r\n")
+            for start in range(0, len(data), 7):
+                await talk.stream.send_all(data[start : start + 7])
+                await trio.sleep(0)
+            status, headers, body = await talk.reply()
+            assert status == 200 and headers["connection"] == "close"
+            assert json.loads(body)["usage"]["completion_tokens"] == 3
+            assert await talk.closed()
+        assert seen == ["/v1/chat/completions"]
+
+
+async def test_a_stream_is_chunked_and_the_connection_kept(tmp_path: Path) -> None:
+    async with running_router(tmp_path, {"m": {"sim": {"tokens": 5}}}) as h:
+        talk = await conversation(h)
+        async with talk.stream:
+            for _ in range(2):
+                await talk.stream.send_all(post(body=json.dumps(chat_body("m", stream=True)).encode()))
+                status, headers, body = await talk.reply()
+                assert status == 200 and headers["transfer-encoding"] == "chunked"
+                assert body.count(b"data: {") >= 5 and body.rstrip().endswith(b"data: [DONE]")
+
+
+async def test_what_the_front_does_not_serve_hypercorn_still_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = counting(monkeypatch)
+    async with running_router(tmp_path, {"m": {"sim": {"tokens": 3}}}) as h:
+        talk = await conversation(h)
+        async with talk.stream:
+            chunked = (
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%b\r\n0\r\n\r\n" % (len(CHAT), CHAT)
+            )
+            await talk.stream.send_all(chunked)
+            status, _, body = await talk.reply()
+            assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
+        bad = await conversation(h)
+        async with bad.stream:
+            await bad.stream.send_all(
+                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nBad Header: 1\r\n\r\n"
+            )
+            status, _, body = await bad.reply()
+            assert status == 400 and json.loads(body)["error"]["code"] == "invalid_http"
+        assert seen == []
+
+
+async def test_a_client_that_leaves_mid_body_loses_nothing_for_the_next(tmp_path: Path) -> None:
+    async with running_router(tmp_path, {"m": {"sim": {"tokens": 3}}}) as h:
+        talk = await conversation(h)
+        async with talk.stream:
+            await talk.stream.send_all(post()[:-5])
+        talk = await conversation(h)
+        async with talk.stream:
+            await talk.stream.send_all(post())
+            status, _, _ = await talk.reply()
+            assert status == 200
+        await h.wait_idle()
