@@ -341,11 +341,6 @@ class DataPath:
         self.app = app
         self.forwarder = forwarder
 
-    @staticmethod
-    def forwards(path: str) -> bool:
-        """Whether a POST to ``path`` is a forwarded API request (served by the Forwarder)."""
-        return path in _SERVED
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] in _SERVED:
             await self.forwarder(scope, receive, send)

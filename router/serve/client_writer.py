@@ -22,7 +22,7 @@ from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.http_stream import HTTPStream
 from hypercorn.trio.tcp_server import TCPServer
 
-from router.serve.api_exchange import ApiExchange
+from router.serve.front_exchange import Exchange
 from router.serve.hypercorn_fixes import write_now
 
 
@@ -48,12 +48,12 @@ class ClientWriter:
         await self._server.protocol_send(RawData(data=data))
 
 
-def client_writer(send: Any) -> ClientWriter | ApiExchange | None:
+def client_writer(send: Any) -> ClientWriter | Exchange | None:
     """The writer for the body of the response ``send`` (an ASGI send callable) has started, or None where
     the body must go through ``send``: not hypercorn's HTTP/1.1 path, no plain socket (TLS), a framing that
     counts (Content-Length), or no response started."""
     stream = getattr(send, "__self__", None)
-    if isinstance(stream, ApiExchange):  # the API front's own connection
+    if isinstance(stream, Exchange):  # the API front's own connection
         return stream.writer()
     if not isinstance(stream, HTTPStream):
         return None

@@ -75,7 +75,7 @@ _front: Front | None = None
 def apply(send_timeout: float = 60.0, max_connections: int | None = None, front: Front | None = None) -> None:
     """Install the fixes (idempotent); ``send_timeout`` bounds every write to a client and
     ``max_connections`` the client connections open at once (None: no limit). ``front``: serves each new
-    connection first and says whether hypercorn is to take it over (``router.serve.api_front``)."""
+    connection first and says whether hypercorn is to take it over (``router.serve.front``)."""
     global _send_timeout, _max_connections, _front
     _send_timeout = send_timeout
     _max_connections = max_connections

@@ -23,7 +23,7 @@ from router.hosts.gpu_monitor import GpuMonitor
 from router.http.request_headers import HEADERS_LIMIT
 from router.journal.history_lock import history_lock
 from router.serve import hypercorn_fixes
-from router.serve.api_front import take_api_requests
+from router.serve.front import take_connection
 from router.serve.listen import open_sockets
 from router.serve.wiring import replica_client, wire
 from router.shell.reload import check_llama_servers, reload_config
@@ -86,7 +86,7 @@ async def run_server(
     """Serve until shutdown. ``source``: where reloads read the configuration again (None: its file).
     ``sockets``: already listening (``router.serve.listen.open_sockets``); None binds the configured address
     here. The history database is held for this router (``history_lock``) first."""
-    hypercorn_fixes.apply(config.router.send_timeout, connection_budget(config), front=take_api_requests)
+    hypercorn_fixes.apply(config.router.send_timeout, connection_budget(config), front=take_connection)
     try:
         with history_lock(config):
             router = router or build_router(config, source)

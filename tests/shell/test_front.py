@@ -1,6 +1,6 @@
-"""The API front in a running router: it serves the forwarded API on kept-alive connections, hands a
-connection to hypercorn at its first other request (bytes already read included), and leaves hypercorn
-whatever it does not serve."""
+"""The router's HTTP/1.1 front in a running router: it serves the API and the pages on kept-alive
+connections, pipelined requests included, and hands a connection to hypercorn at its first request it
+does not serve (a chunked body, a malformed head), with the bytes already read."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import h11
 import pytest
 import trio
 
-from router.serve.api_front import ApiConnection
+from router.serve.front import FrontConnection
 from tests.support.client import chat_body
 from tests.support.harness import RouterHandle, running_router
 
@@ -22,15 +22,15 @@ CHAT = json.dumps(chat_body("m", max_tokens=3)).encode()
 
 
 def counting(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The paths of the exchanges the front serves (it serves them as it is)."""
+    """The paths of the exchanges the front serves from now on (it serves them as it is)."""
     seen: list[str] = []
-    original = ApiConnection._exchange
+    original = FrontConnection._exchange
 
-    async def exchange(self: ApiConnection, lean: Any) -> bool:
+    async def exchange(self: FrontConnection, lean: Any) -> bool:
         seen.append(lean.head.path)
         return await original(self, lean)
 
-    monkeypatch.setattr(ApiConnection, "_exchange", exchange)
+    monkeypatch.setattr(FrontConnection, "_exchange", exchange)
     return seen
 
 
@@ -49,13 +49,12 @@ class Conversation:
         self.stream = stream
         self.h11 = h11.Connection(h11.CLIENT)
 
-    async def reply(self) -> tuple[int, dict[str, str], bytes]:
+    async def reply(self, sent: bool = False) -> tuple[int, dict[str, str], bytes]:
         status, headers, body = 0, {}, b""
-        # h11 reads replies to the requests it sent: the bytes were sent raw, the events stand for them
-        self.h11.send(
-            h11.Request(method="POST", target="/", headers=[("host", "x"), ("content-length", "0")])
-        )
-        self.h11.send(h11.EndOfMessage())
+        if not sent:  # h11 reads replies to requests it sent: the bytes went raw, these events stand for them
+            request = h11.Request(method="POST", target="/", headers=[("host", "x"), ("content-length", "0")])
+            self.h11.send(request)
+            self.h11.send(h11.EndOfMessage())
         with trio.fail_after(10):
             while True:
                 event = self.h11.next_event()
@@ -82,11 +81,11 @@ async def conversation(h: RouterHandle) -> Conversation:
     return Conversation(await trio.open_tcp_stream("127.0.0.1", h.config.router.port))
 
 
-async def test_one_connection_carries_api_requests_then_pages(
+async def test_one_connection_carries_api_requests_and_pages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen = counting(monkeypatch)
     async with running_router(tmp_path, {"m": {"sim": {"tokens": 3}}}) as h:
+        seen = counting(monkeypatch)
         talk = await conversation(h)
         async with talk.stream:
             for _ in range(2):
@@ -94,22 +93,25 @@ async def test_one_connection_carries_api_requests_then_pages(
                 status, headers, body = await talk.reply()
                 assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
                 assert "date" in headers and headers.get("connection") != "close"
-            assert seen == ["/v1/chat/completions"] * 2
-            # the first request the front does not serve: hypercorn takes the connection over
             await talk.stream.send_all(GET_MODELS)
             status, _, body = await talk.reply()
             assert status == 200 and json.loads(body)["data"][0]["id"] == "m"
+            await talk.stream.send_all(b"HEAD /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            talk.h11.send(h11.Request(method="HEAD", target="/", headers=[("host", "x")]))
+            talk.h11.send(h11.EndOfMessage())
+            status, headers, body = await talk.reply(sent=True)
+            assert status == 200 and body == b"" and int(headers["content-length"]) > 0
             await talk.stream.send_all(post())
             status, _, body = await talk.reply()
             assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
-        assert len(seen) == 2
+        assert seen == ["/v1/chat/completions"] * 2 + ["/v1/models"] * 2 + ["/v1/chat/completions"]
 
 
 async def test_pipelined_requests_are_answered_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen = counting(monkeypatch)
     async with running_router(tmp_path, {"m": {"sim": {"tokens": 3}}}) as h:
+        seen = counting(monkeypatch)
         talk = await conversation(h)
         async with talk.stream:
             tokenize = post("/tokenize", json.dumps({"model": "m", "content": "a b c"}).encode())
@@ -118,12 +120,12 @@ async def test_pipelined_requests_are_answered_in_order(
         assert [status for status, _, _ in replies] == [200] * 4
         assert "choices" in json.loads(replies[0][2]) and "tokens" in json.loads(replies[1][2])
         assert json.loads(replies[2][2])["object"] == "list" and "choices" in json.loads(replies[3][2])
-        assert seen == ["/v1/chat/completions", "/tokenize"]
+        assert seen == ["/v1/chat/completions", "/tokenize", "/v1/models", "/v1/chat/completions"]
 
 
 async def test_a_body_in_pieces_and_a_closing_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    seen = counting(monkeypatch)
     async with running_router(tmp_path, {"m": {"sim": {"tokens": 3}}}) as h:
+        seen = counting(monkeypatch)
         talk = await conversation(h)
         async with talk.stream:
             data = post(extra="Connection: close\r\n")
@@ -148,11 +150,25 @@ async def test_a_stream_is_chunked_and_the_connection_kept(tmp_path: Path) -> No
                 assert body.count(b"data: {") >= 5 and body.rstrip().endswith(b"data: [DONE]")
 
 
+async def test_the_client_waiting_for_100_continue_gets_it(tmp_path: Path) -> None:
+    async with running_router(tmp_path, {"m": {"sim": {"tokens": 3}}}) as h:
+        talk = await conversation(h)
+        async with talk.stream:
+            data = post(extra="Expect: 100-continue\r\n")
+            head, body = data.split(b"\r\n\r\n", 1)
+            await talk.stream.send_all(head + b"\r\n\r\n")
+            with trio.fail_after(10):
+                assert await talk.stream.receive_some(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+            await talk.stream.send_all(body)
+            status, _, reply = await talk.reply()
+            assert status == 200 and json.loads(reply)["usage"]["completion_tokens"] == 3
+
+
 async def test_what_the_front_does_not_serve_hypercorn_still_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen = counting(monkeypatch)
     async with running_router(tmp_path, {"m": {"sim": {"tokens": 3}}}) as h:
+        seen = counting(monkeypatch)
         talk = await conversation(h)
         async with talk.stream:
             chunked = (
@@ -160,6 +176,9 @@ async def test_what_the_front_does_not_serve_hypercorn_still_answers(
                 b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%b\r\n0\r\n\r\n" % (len(CHAT), CHAT)
             )
             await talk.stream.send_all(chunked)
+            status, _, body = await talk.reply()
+            assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
+            await talk.stream.send_all(post())  # the connection is hypercorn's from there on
             status, _, body = await talk.reply()
             assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
         bad = await conversation(h)

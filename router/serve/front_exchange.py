@@ -1,11 +1,12 @@
-"""One request and its response on the API front's connection, as the ASGI ``receive`` and ``send`` the
-forwarding path (``router.http.forward``) is written against.
+"""One request and its response on the front's connection (``router.serve.front``), as ASGI ``receive``
+and ``send``.
 
-``receive`` hands out the body as it arrives, then waits for the client to leave (``http.disconnect``);
-``send`` writes the head together with the first piece of the body, frames the body (Content-Length as
-given, else chunked to an HTTP/1.1 client, else ended by the close) and every write goes at once where the
+``receive`` hands out the body as it arrives (after ``100 Continue`` where the client waits for it), then
+waits for the client to leave (``http.disconnect``); ``send`` writes the head together with the first piece
+of the body, frames the body (Content-Length as given, else chunked to an HTTP/1.1 client, else ended by
+the close; none to HEAD or for 204 and 304) and every write goes at once where the
 kernel takes it, else waits at most ``send_timeout`` (``router.serve.hypercorn_fixes.bounded_send``): a
-client that stops reading is cut, and the application learns it left. :meth:`ApiExchange.writer` hands the
+client that stops reading is cut, and the application learns it left. :meth:`Exchange.writer` hands the
 relay pump (``router.http.relay_pump``) the client's side of a started chunked or close-delimited body.
 """
 
@@ -18,7 +19,7 @@ from typing import Any, Protocol
 
 import trio
 
-from router.serve.api_head import ApiHead
+from router.serve.front_head import RequestHead
 from router.serve.hypercorn_fixes import bounded_send, write_now_to
 
 PIPELINE_LIMIT = 64 * 1024  # bytes of a next request read ahead while a response is under way
@@ -42,7 +43,7 @@ def _reason(status: int) -> bytes:
 
 
 class Connection(Protocol):
-    """The front's client connection, as an exchange uses it (``router.serve.api_front.ApiConnection``)."""
+    """The front's client connection, as an exchange uses it (``router.serve.front.FrontConnection``)."""
 
     buffer: bytearray  # bytes read and not yet taken
     closed: trio.Event
@@ -54,10 +55,10 @@ class Connection(Protocol):
     async def close(self) -> None: ...
 
 
-class ApiExchange:
+class Exchange:
     """The ASGI side of one request the front serves (see the module's docstring)."""
 
-    def __init__(self, connection: Connection, head: ApiHead) -> None:
+    def __init__(self, connection: Connection, head: RequestHead) -> None:
         self.connection = connection
         self.head = head
         self.body_left = head.length
@@ -68,6 +69,8 @@ class ApiExchange:
         self.gone = False  # the client left, or a write to it failed: the connection is over
         self._start: dict[str, Any] | None = None
         self._chunked = False
+        self._continued = False  # 100 Continue sent
+        self._suppressed = False  # a reply without a body: to HEAD, or 1xx, 204, 304
         self._counted: int | None = None  # the body bytes a Content-Length still expects
         self._pending = b""  # the head, written when the body's first write comes
         self._lock = trio.Lock()  # a write that waits holds it
@@ -76,9 +79,13 @@ class ApiExchange:
         connection = self.connection
         if not self.body_asked or self.body_left > 0:
             self.body_asked = True
-            if not connection.buffer and self.body_left > 0 and not await connection.read():
-                self.gone = True
-                return _DISCONNECT
+            if not connection.buffer and self.body_left > 0:
+                if self.head.expects and not self.started and not self._continued:
+                    self._continued = True  # the client waits for this before it sends the body
+                    await self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                if not await connection.read():
+                    self.gone = True
+                    return _DISCONNECT
             size = min(self.body_left, len(connection.buffer))
             chunk = bytes(connection.buffer[:size])
             del connection.buffer[:size]
@@ -96,6 +103,10 @@ class ApiExchange:
         kind = message["type"]
         if kind == "http.response.start":
             self._start = message
+            if not any(name.lower() == b"content-length" for name, _ in message["headers"]):
+                # A body of unknown length may come late (a followed log): its head goes out now. A counted
+                # body follows at once, and its head goes with it in one write.
+                await self.write(self._head())
             return
         if kind != "http.response.body" or self.gone or self.ended:
             return
@@ -103,6 +114,8 @@ class ApiExchange:
         more: bool = message.get("more_body", False)
         data = self._head() if not self.started else self._pending
         self._pending = b""
+        if self._suppressed:
+            body = b""
         data += self.frame(body) if body else b""
         if self._counted is not None:
             self._counted -= len(body)
@@ -119,6 +132,7 @@ class ApiExchange:
         self.started = True
         start = self._start or {"status": 500, "headers": []}
         status: int = start["status"]
+        self._suppressed = self.head.method == "HEAD" or status < 200 or status in (204, 304)
         lines = [b"HTTP/1.1 %d %b\r\n" % (status, _reason(status))]
         for name, value in start["headers"]:
             name = name.lower()
@@ -129,7 +143,9 @@ class ApiExchange:
                     self.keep_alive = False
                 continue
             lines.append(b"%b: %b\r\n" % (name, value))
-        if self._counted is None:
+        if self._suppressed:
+            self._counted = None  # a Content-Length given describes the body not sent
+        elif self._counted is None:
             if self.head.version == "1.1":
                 self._chunked = True
                 lines.append(b"transfer-encoding: chunked\r\n")
@@ -174,15 +190,15 @@ class ApiExchange:
             self.gone = True
             await self.connection.close()
 
-    def writer(self) -> ApiExchange | None:
+    def writer(self) -> Exchange | None:
         """This exchange as the relay pump's ClientWriter, once its response has started with a body it can
         frame alone (chunked, or ended by the close). The head goes out now, or with the next write."""
         if self._start is None or self.ended or self.gone:
             return None
         if not self.started:
             head = self._head()
-            if self._counted is not None:
+            if self._counted is not None or self._suppressed:
                 self._pending = head
                 return None
             self._pending = write_now_to(self.connection.socket, head)
-        return None if self._counted is not None else self
+        return None if self._counted is not None or self._suppressed else self

@@ -1,14 +1,15 @@
-"""The API's own HTTP/1.1 front: forwarded API requests served without hypercorn's layers.
+"""The router's own HTTP/1.1 front: plain requests served without hypercorn's layers.
 
 Every API request used to cross hypercorn's h11 state machines, its per-request tasks and stream objects
-and its ASGI translation, both ways: about a third of the router's processor time per small request, and
-most of what it adds to a request's latency besides the scheduler. The front takes each new client
-connection first. While the connection sends what it serves (``router.serve.api_head``: a POST to a
-forwarded path with a plain body), it parses each head with llhttp (httptools), runs the forwarding path
-(``router.http.forward``) over a lean ASGI exchange (``router.serve.api_exchange``) and keeps the
-connection alive between requests. At the first request it does not serve — a page, the dashboard, an
-admin action, a preflight, anything malformed — it hands the connection to hypercorn with the bytes it
-has read so far, and hypercorn serves the connection from there on exactly as it serves any other.
+and its ASGI translation, both ways: a third of the router's processor time per small request, and most of
+what it added to a request's latency besides the scheduler. The front takes each new client connection
+first. While the connection sends plain requests (``router.serve.front_head``: HTTP/1.1 or 1.0, a body
+with one Content-Length or none), it parses each head with llhttp (httptools), runs the application (the
+data path: the API's forwarding, then the quart app) over a lean ASGI exchange
+(``router.serve.front_exchange``) and keeps the connection alive between requests, pipelined ones included.
+At the first request it does not serve — a chunked body, an upgrade, anything malformed — it hands the
+connection to hypercorn with the bytes it has read so far, and hypercorn serves the connection from there
+on exactly as it serves any other (and answers a malformed request as before).
 
 Limits are hypercorn's: ``read_timeout`` for a request's head, ``keep_alive_timeout`` between requests, the
 head's size (``h11_max_incomplete_size``; a larger one is handed over and refused there), and
@@ -28,8 +29,8 @@ from hypercorn.app_wrappers import ASGIWrapper
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 
 from router.http.reply import internal_error_reply, send_reply
-from router.serve.api_exchange import ApiExchange
-from router.serve.api_head import HEAD_END, api_head
+from router.serve.front_exchange import Exchange
+from router.serve.front_head import HEAD_END, request_head
 
 log = logging.getLogger("router")
 
@@ -53,7 +54,7 @@ class Replayed:
         return getattr(self._stream, name)
 
 
-class ApiConnection:
+class FrontConnection:
     """One client connection while the front serves it."""
 
     def __init__(self, stream: trio.SocketStream, app: Any, server: TCPServer) -> None:
@@ -97,11 +98,11 @@ class ApiConnection:
             end = await self._next_head()
             if end is None:
                 return None
-            head = api_head(bytes(self.buffer[:end]), self.app.forwards) if end else None
+            head = request_head(bytes(self.buffer[:end])) if end else None
             if head is None:
                 return bytes(self.buffer)
             del self.buffer[:end]
-            if not await self._exchange(ApiExchange(self, head)) or self.terminated.is_set():
+            if not await self._exchange(Exchange(self, head)) or self.terminated.is_set():
                 return None
 
     async def _next_head(self) -> int | None:
@@ -124,14 +125,14 @@ class ApiConnection:
                 timeout = self.read_timeout
         return None
 
-    async def _exchange(self, exchange: ApiExchange) -> bool:
+    async def _exchange(self, exchange: Exchange) -> bool:
         """Run one request; whether the connection may carry another."""
         head = exchange.head
         scope = {
             "type": "http",
             "asgi": {"version": "3.0", "spec_version": "2.3"},
             "http_version": head.version,
-            "method": "POST",
+            "method": head.method,
             "scheme": "http",
             "path": head.path,
             "raw_path": head.raw_path,
@@ -145,10 +146,10 @@ class ApiConnection:
         try:
             await self.app(scope, exchange.receive, exchange.send)
         except Exception as exc:
-            log.exception("the forwarding path failed on POST %s", head.path)
+            log.exception("the application failed on %s %s", head.method, head.path)
             if not exchange.started:
                 exchange.keep_alive = False
-                await send_reply(exchange.send, internal_error_reply(exc, "POST", head.path), [])
+                await send_reply(exchange.send, internal_error_reply(exc, head.method, head.path), [])
         if not exchange.ended:
             exchange.keep_alive = False
         return exchange.keep_alive and not exchange.gone
@@ -158,15 +159,15 @@ def _address(name: Any) -> tuple[str, int] | None:
     return (str(name[0]), int(name[1])) if isinstance(name, tuple) and len(name) >= 2 else None
 
 
-async def take_api_requests(server: TCPServer) -> bool:
+async def take_connection(server: TCPServer) -> bool:
     """Serve a new connection's API requests (``router.serve.hypercorn_fixes.apply``'s ``front``); whether
     hypercorn is to take the connection over."""
     app = server.app.app if isinstance(server.app, ASGIWrapper) else None
     stream = server.stream
-    if getattr(stream, "socket", None) is None or not hasattr(app, "forwards"):
+    if getattr(stream, "socket", None) is None or app is None:
         return True
     try:
-        connection = ApiConnection(stream, app, server)
+        connection = FrontConnection(stream, app, server)
     except OSError:  # the client is gone already
         with trio.CancelScope(shield=True):
             await stream.aclose()
