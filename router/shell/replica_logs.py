@@ -23,6 +23,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
@@ -75,10 +76,15 @@ class ReplicaLogFile:
         self.write(f"{NOTE}{_now()} {text}")
 
     def write(self, line: str) -> None:
-        if self.closed:
+        self.write_lines((line,))
+
+    def write_lines(self, lines: Sequence[str]) -> None:
+        """Lines of the replica's output, in one write to the file."""
+        if self.closed or not lines:
             return
-        self.feed.publish(line)
-        data = line.encode("utf-8", errors="replace") + b"\n"
+        for line in lines:
+            self.feed.publish(line)
+        data = "\n".join(lines).encode("utf-8", errors="replace") + b"\n"
         try:
             if self._size and self._size + len(data) > self.max_bytes:
                 self._rotate()

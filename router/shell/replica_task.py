@@ -305,19 +305,21 @@ class ReplicaTask:
                     break
                 if not data:
                     break
-                for line in splitter.feed(data):
-                    self._take_line(line)
-            for line in splitter.flush():
-                self._take_line(line)
+                self._take_lines(splitter.feed(data))
+            self._take_lines(splitter.flush())
         finally:
             drained.set()
 
-    def _take_line(self, line: str) -> None:
-        """One output line: into the ring buffer, the replica's file and the router's DEBUG log."""
-        self.log.append(line)
+    def _take_lines(self, lines: list[str]) -> None:
+        """Output lines read together: into the ring buffer, the replica's file (one write) and the router's
+        DEBUG log."""
+        for line in lines:
+            self.log.append(line)
         if self.file is not None:
-            self.file.write(line)
-        self.logger.debug("[%s] %s", self.label, line)
+            self.file.write_lines(lines)
+        if self.logger.isEnabledFor(logging.DEBUG):
+            for line in lines:
+                self.logger.debug("[%s] %s", self.label, line)
 
     # ---- health ------------------------------------------------------------------------------------
 
