@@ -21,6 +21,7 @@ Failures are typed: :class:`ConnectFailed` (nothing listens on the port: the rep
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -224,7 +225,14 @@ class UpstreamResponse(UpstreamReply):
         conn, self._conn = self._conn, None
         if conn is not None:
             reader = self._reader
-            self._pool.release(conn, reusable=reader.final and reader.keep_alive)
+            reusable = reader.final and reader.keep_alive
+            if reusable and self.header(b"transfer-encoding") is not None:
+                # llama-server closes a connection after a chunked (streamed) reply: close it here, and
+                # connect the next request's connection now rather than when that request comes.
+                self._pool.release(conn, reusable=False)
+                self._pool.want_spare(conn.port)
+            else:
+                self._pool.release(conn, reusable=reusable)
 
 
 def request_head(method: str, target: str, headers: Iterable[tuple[bytes, bytes]]) -> bytes:
@@ -249,6 +257,9 @@ class UpstreamPool:
         self.write_timeout = write_timeout
         self._idle: dict[int, list[_Conn]] = {}
         self.closed = False
+        self._spares_send, self._spares = trio.open_memory_channel[tuple[int, int]](math.inf)
+        self._spare_pending: set[int] = set()  # ports a spare connection is being made to
+        self._generation: dict[int, int] = {}  # ports forgotten (replicas stopped) count up here
 
     # ------------------------------------------------------------------------------------------ requests
     async def send(
@@ -378,8 +389,31 @@ class UpstreamPool:
 
     def forget_port(self, port: int) -> None:
         """Close the kept connections to ``port`` (its replica stopped)."""
+        self._generation[port] = self._generation.get(port, 0) + 1  # a spare being made is not kept
         for conn in self._idle.pop(port, []):
             self._close(conn)
+
+    def want_spare(self, port: int) -> None:
+        """Connect to ``port`` ahead of its next request, unless a connection is kept or being made there:
+        one spare, so that a client's next request does not wait for a connection."""
+        if self.closed or self._idle.get(port) or port in self._spare_pending:
+            return
+        self._spare_pending.add(port)
+        self._spares_send.send_nowait((port, self._generation.get(port, 0)))
+
+    async def run_spares(self) -> None:
+        """Make the spare connections ``want_spare`` asks for (a task beside the requests)."""
+        async for port, generation in self._spares:
+            try:
+                conn = await self._connect(port)
+            except UpstreamError:
+                continue  # the replica is going away: its next request finds out and answers for it
+            finally:
+                self._spare_pending.discard(port)
+            if self._generation.get(port, 0) == generation:
+                self.release(conn, reusable=True)
+            else:
+                self._close(conn)
 
     async def run_sweeper(self, every: float = 1.0) -> None:
         while True:

@@ -57,6 +57,7 @@ async def wire(nursery: trio.Nursery, config: Config, router: Router, client: ht
         write_timeout=UPSTREAM_WRITE_TIMEOUT,
     )
     nursery.start_soon(pool.run_sweeper)
+    nursery.start_soon(pool.run_spares)
     router.stop_listeners.append(pool.forget_port)
     admin = Admin(router)  # the narrowest view each part needs: Admin > Desk > RouterView
     peers = PeerRelay(RouterView(router), router.peer_http, config.router.reply_timeout)

@@ -4,9 +4,11 @@ HTTP, and which connections are kept for the next request."""
 from __future__ import annotations
 
 import pytest
+import trio
 
 from router.http.upstream import UpstreamBroken, UpstreamPool, request_head
 from tests.support.scripted_server import Scripted, serving
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.unit
 
@@ -34,9 +36,11 @@ async def fetch(pool: UpstreamPool, port: int, method: str = "POST") -> tuple[in
     return reply.status_code, dict(reply.raw_headers), body
 
 
-@pytest.mark.parametrize("reply,expected", [(CHUNKED, CHUNKED_BODY), (SIZED, b'{"ok":true}')])
-async def test_a_reply_cut_at_every_byte_reads_whole_and_its_connection_is_kept(
-    reply: bytes, expected: bytes
+@pytest.mark.parametrize(
+    "reply,expected,connections", [(CHUNKED, CHUNKED_BODY, 2), (SIZED, b'{"ok":true}', 1)]
+)
+async def test_a_reply_cut_at_every_byte_reads_whole_and_a_sized_ones_connection_is_kept(
+    reply: bytes, expected: bytes, connections: int
 ) -> None:
     for cut in range(1, len(reply)):
         script = Scripted([reply, reply], cuts=lambda r, k=cut: [r[:k], r[k:]])
@@ -44,7 +48,8 @@ async def test_a_reply_cut_at_every_byte_reads_whole_and_its_connection_is_kept(
             for _ in range(2):
                 status, headers, body = await fetch(pool, port)
                 assert (status, body) == (200, expected), cut
-            assert script.connections == 1, cut
+            # a chunked reply's connection is closed after it, as llama-server closes it
+            assert script.connections == connections, cut
     assert b"x-replica" in headers or b"content-type" in headers  # names in lower case
 
 
@@ -108,6 +113,21 @@ async def test_a_kept_connection_found_closed_is_replaced_and_the_request_sent_a
         assert pool.idle_count() == 1  # ...which the reply did not say
         assert (await fetch(pool, port))[2] == b'{"ok":true}'
         assert script.connections == 2 and len(script.requests) == 2
+
+
+async def test_after_a_chunked_reply_a_spare_connection_waits_for_the_next_request() -> None:
+    script = Scripted([CHUNKED, CHUNKED, CHUNKED])
+    async with serving(script) as (pool, port), trio.open_nursery() as nursery:
+        nursery.start_soon(pool.run_spares)
+        assert (await fetch(pool, port))[2] == CHUNKED_BODY
+        await until(lambda: pool.idle_count() == 1, what="the spare connection")
+        assert script.connections == 2 and len(script.requests) == 1
+        assert (await fetch(pool, port))[2] == CHUNKED_BODY
+        await until(lambda: pool.idle_count() == 1, what="the next spare")
+        assert script.connections == 3 and len(script.requests) == 2  # each request found one ready
+        pool.forget_port(port)  # the replica stopped: its spares are closed, none is made for it
+        assert pool.idle_count() == 0
+        nursery.cancel_scope.cancel()
 
 
 def test_a_header_that_would_break_the_framing_is_refused() -> None:
