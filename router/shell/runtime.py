@@ -31,7 +31,6 @@ from router.shell.kv_policy import kv_launch, saves_before_stop
 from router.shell.kv_slots import KvAction, describe_kv
 from router.shell.kv_store import KvStore
 from router.shell.load_progress import LoadProgressTracker
-from router.shell.memory_trim import trim_when_idle
 from router.shell.peers import PeerDirectory
 from router.shell.ports import free_port
 from router.shell.processes import (
@@ -165,7 +164,6 @@ class Router:
                 nursery.start_soon(self._timer)
                 nursery.start_soon(self.peers.run)
                 nursery.start_soon(watch_foreign, self.gpus, lambda: self.state, self.our_pids, self.submit)
-                nursery.start_soon(trim_when_idle, lambda: self._next_rid, lambda: bool(self.tickets))
                 self.submit(Startup())
                 for model in self.config.router.preload:
                     self.submit(LoadRequested(model))
