@@ -5,6 +5,8 @@ does not serve (a chunked body, a malformed head), with the bytes already read."
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -81,42 +83,48 @@ async def conversation(h: RouterHandle) -> Conversation:
     return Conversation(await trio.open_tcp_stream("127.0.0.1", h.config.router.port))
 
 
-async def test_one_connection_carries_api_requests_and_pages(
+@asynccontextmanager
+async def talking(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+) -> AsyncIterator[tuple[RouterHandle, Conversation, list[str]]]:
+    """A router serving ``m``, one client connection to it, and the paths the front serves from now on."""
     async with running_router(tmp_path, {"m": {"sim": {"tokens": 3}}}) as h:
         seen = counting(monkeypatch)
         talk = await conversation(h)
         async with talk.stream:
-            for _ in range(2):
-                await talk.stream.send_all(post())
-                status, headers, body = await talk.reply()
-                assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
-                assert "date" in headers and headers.get("connection") != "close"
-            await talk.stream.send_all(GET_MODELS)
-            status, _, body = await talk.reply()
-            assert status == 200 and json.loads(body)["data"][0]["id"] == "m"
-            await talk.stream.send_all(b"HEAD /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            talk.h11.send(h11.Request(method="HEAD", target="/", headers=[("host", "x")]))
-            talk.h11.send(h11.EndOfMessage())
-            status, headers, body = await talk.reply(sent=True)
-            assert status == 200 and body == b"" and int(headers["content-length"]) > 0
+            yield h, talk, seen
+
+
+async def test_one_connection_carries_api_requests_and_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with talking(tmp_path, monkeypatch) as (_, talk, seen):
+        for _ in range(2):
             await talk.stream.send_all(post())
-            status, _, body = await talk.reply()
+            status, headers, body = await talk.reply()
             assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
+            assert "date" in headers and headers.get("connection") != "close"
+        await talk.stream.send_all(GET_MODELS)
+        status, _, body = await talk.reply()
+        assert status == 200 and json.loads(body)["data"][0]["id"] == "m"
+        await talk.stream.send_all(b"HEAD /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        talk.h11.send(h11.Request(method="HEAD", target="/", headers=[("host", "x")]))
+        talk.h11.send(h11.EndOfMessage())
+        status, headers, body = await talk.reply(sent=True)
+        assert status == 200 and body == b"" and int(headers["content-length"]) > 0
+        await talk.stream.send_all(post())
+        status, _, body = await talk.reply()
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
         assert seen == ["/v1/chat/completions"] * 2 + ["/v1/models"] * 2 + ["/v1/chat/completions"]
 
 
 async def test_pipelined_requests_are_answered_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with running_router(tmp_path, {"m": {"sim": {"tokens": 3}}}) as h:
-        seen = counting(monkeypatch)
-        talk = await conversation(h)
-        async with talk.stream:
-            tokenize = post("/tokenize", json.dumps({"model": "m", "content": "a b c"}).encode())
-            await talk.stream.send_all(post() + tokenize + GET_MODELS + post())
-            replies = [await talk.reply() for _ in range(4)]
+    async with talking(tmp_path, monkeypatch) as (_, talk, seen):
+        tokenize = post("/tokenize", json.dumps({"model": "m", "content": "a b c"}).encode())
+        await talk.stream.send_all(post() + tokenize + GET_MODELS + post())
+        replies = [await talk.reply() for _ in range(4)]
         assert [status for status, _, _ in replies] == [200] * 4
         assert "choices" in json.loads(replies[0][2]) and "tokens" in json.loads(replies[1][2])
         assert json.loads(replies[2][2])["object"] == "list" and "choices" in json.loads(replies[3][2])
@@ -124,18 +132,15 @@ async def test_pipelined_requests_are_answered_in_order(
 
 
 async def test_a_body_in_pieces_and_a_closing_client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    async with running_router(tmp_path, {"m": {"sim": {"tokens": 3}}}) as h:
-        seen = counting(monkeypatch)
-        talk = await conversation(h)
-        async with talk.stream:
-            data = post(extra="Connection: close\r\n")
-            for start in range(0, len(data), 7):
-                await talk.stream.send_all(data[start : start + 7])
-                await trio.sleep(0)
-            status, headers, body = await talk.reply()
-            assert status == 200 and headers["connection"] == "close"
-            assert json.loads(body)["usage"]["completion_tokens"] == 3
-            assert await talk.closed()
+    async with talking(tmp_path, monkeypatch) as (_, talk, seen):
+        data = post(extra="Connection: close\r\n")
+        for start in range(0, len(data), 7):
+            await talk.stream.send_all(data[start : start + 7])
+            await trio.sleep(0)
+        status, headers, body = await talk.reply()
+        assert status == 200 and headers["connection"] == "close"
+        assert json.loads(body)["usage"]["completion_tokens"] == 3
+        assert await talk.closed()
         assert seen == ["/v1/chat/completions"]
 
 
@@ -150,37 +155,35 @@ async def test_a_stream_is_chunked_and_the_connection_kept(tmp_path: Path) -> No
                 assert body.count(b"data: {") >= 5 and body.rstrip().endswith(b"data: [DONE]")
 
 
-async def test_the_client_waiting_for_100_continue_gets_it(tmp_path: Path) -> None:
-    async with running_router(tmp_path, {"m": {"sim": {"tokens": 3}}}) as h:
-        talk = await conversation(h)
-        async with talk.stream:
-            data = post(extra="Expect: 100-continue\r\n")
-            head, body = data.split(b"\r\n\r\n", 1)
-            await talk.stream.send_all(head + b"\r\n\r\n")
-            with trio.fail_after(10):
-                assert await talk.stream.receive_some(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
-            await talk.stream.send_all(body)
-            status, _, reply = await talk.reply()
-            assert status == 200 and json.loads(reply)["usage"]["completion_tokens"] == 3
+async def test_the_client_waiting_for_100_continue_gets_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with talking(tmp_path, monkeypatch) as (_, talk, seen):
+        data = post(extra="Expect: 100-continue\r\n")
+        head, body = data.split(b"\r\n\r\n", 1)
+        await talk.stream.send_all(head + b"\r\n\r\n")
+        with trio.fail_after(10):
+            assert await talk.stream.receive_some(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        await talk.stream.send_all(body)
+        status, _, reply = await talk.reply()
+        assert status == 200 and json.loads(reply)["usage"]["completion_tokens"] == 3
+        assert seen == ["/v1/chat/completions"]
 
 
 async def test_what_the_front_does_not_serve_hypercorn_still_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with running_router(tmp_path, {"m": {"sim": {"tokens": 3}}}) as h:
-        seen = counting(monkeypatch)
-        talk = await conversation(h)
-        async with talk.stream:
-            chunked = (
-                b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%b\r\n0\r\n\r\n" % (len(CHAT), CHAT)
-            )
-            await talk.stream.send_all(chunked)
-            status, _, body = await talk.reply()
-            assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
-            await talk.stream.send_all(post())  # the connection is hypercorn's from there on
-            status, _, body = await talk.reply()
-            assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
+    async with talking(tmp_path, monkeypatch) as (h, talk, seen):
+        chunked = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%b\r\n0\r\n\r\n" % (len(CHAT), CHAT)
+        )
+        await talk.stream.send_all(chunked)
+        status, _, body = await talk.reply()
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
+        await talk.stream.send_all(post())  # the connection is hypercorn's from there on
+        status, _, body = await talk.reply()
+        assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 3
         bad = await conversation(h)
         async with bad.stream:
             await bad.stream.send_all(
