@@ -13,6 +13,9 @@ kept for the next request to the same port, at most ``IDLE_PER_PORT`` of them an
 ``IDLE_SECONDS`` (llama-server closes an idle one after five seconds; ``sweep`` closes ours first, so idle
 descriptors do not pile up). A kept connection that turns out to be closed when it is reused — nothing of
 the reply arrived — is replaced by a new one and the request sent again: the replica processed nothing.
+llama-server closes the connection after every chunked (streamed) reply, so the pool closes it too and
+connects a spare to that port at once, in the background (``want_spare``, ``run_spares``; one at a time per
+port): the next request finds a connection ready instead of waiting for a connect.
 
 Failures are typed: :class:`ConnectFailed` (nothing listens on the port: the replica is gone),
 :class:`ReplyTimeout` (the replica sent nothing for ``read_timeout`` seconds), :class:`UpstreamBroken`

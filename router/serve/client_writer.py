@@ -7,6 +7,9 @@ hypercorn, and so does any write that must wait (``write``: the bounded write of
 ``router.serve.hypercorn_fixes``, which cuts a client that stops reading). A response with a
 Content-Length, whose remaining length h11 counts, gets no writer.
 
+A response on the router's own HTTP/1.1 front (``router.serve.front``) has its exchange as its writer
+(``router.serve.front_exchange.Exchange.writer``), with the same framing and the same bounded writes.
+
 Pinned to hypercorn 0.18 like the fixes beside it: the ASGI ``send`` it is given is hypercorn's
 ``HTTPStream.app_send``, whose stream sends through ``H11Protocol``, which sends through ``TCPServer``.
 """
@@ -53,7 +56,7 @@ def client_writer(send: Any) -> ClientWriter | Exchange | None:
     the body must go through ``send``: not hypercorn's HTTP/1.1 path, no plain socket (TLS), a framing that
     counts (Content-Length), or no response started."""
     stream = getattr(send, "__self__", None)
-    if isinstance(stream, Exchange):  # the API front's own connection
+    if isinstance(stream, Exchange):  # the router's own front
         return stream.writer()
     if not isinstance(stream, HTTPStream):
         return None

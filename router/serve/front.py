@@ -107,10 +107,10 @@ class FrontConnection:
 
     async def _next_head(self) -> int | None:
         """Where the next head ends in ``buffer`` (0: too large, or not a head the front can find), or None
-        when the client closed or went quiet."""
-        timeout = self.read_timeout if self.buffer else self.idle_timeout
+        when the client closed or went quiet: ``keep_alive_timeout`` before a request's first byte, then
+        ``read_timeout`` for each read, as hypercorn times them."""
         searched = 0
-        with trio.move_on_after(timeout):
+        with trio.move_on_after(self.read_timeout if self.buffer else self.idle_timeout) as scope:
             while True:
                 found = self.buffer.find(HEAD_END, searched)
                 if found >= 0:
@@ -122,7 +122,7 @@ class FrontConnection:
                     return None
                 if not await self.read():
                     return None
-                timeout = self.read_timeout
+                scope.deadline = trio.current_time() + self.read_timeout
         return None
 
     async def _exchange(self, exchange: Exchange) -> bool:
@@ -160,7 +160,7 @@ def _address(name: Any) -> tuple[str, int] | None:
 
 
 async def take_connection(server: TCPServer) -> bool:
-    """Serve a new connection's API requests (``router.serve.hypercorn_fixes.apply``'s ``front``); whether
+    """Serve a new connection's requests (``router.serve.hypercorn_fixes.apply``'s ``front``); whether
     hypercorn is to take the connection over."""
     app = server.app.app if isinstance(server.app, ASGIWrapper) else None
     stream = server.stream
@@ -175,7 +175,7 @@ async def take_connection(server: TCPServer) -> bool:
     try:
         read = await connection.serve()
     except Exception:
-        log.exception("the API front failed on a connection; it is closed")
+        log.exception("the HTTP front failed on a connection; it is closed")
         read = None
     except BaseException:
         await connection.close()
