@@ -27,6 +27,11 @@ import trio
 from router.http.upstream import RECEIVE_SIZE, ReplyTimeout, UpstreamBroken, UpstreamResponse
 
 
+def framed(chunk: bytes, chunked: bool) -> bytes:
+    """``chunk`` as HTTP/1.1 chunked transfer puts it on the wire, or as it is (a body the close ends)."""
+    return b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk
+
+
 class ClientWriter(Protocol):
     """The client's side of one response whose body is being sent, as the HTTP server hands it out."""
 
@@ -78,10 +83,10 @@ class PumpedBody:
             return True
         if chunk:
             self.on_chunk(chunk)
-            framed = self.writer.frame(chunk)
-            taken = self.writer.write_now(framed)
-            if taken < len(framed):
-                self.rest = framed[taken:]
+            wire = self.writer.frame(chunk)
+            taken = self.writer.write_now(wire)
+            if taken < len(wire):
+                self.rest = wire[taken:]
                 return True
         return self.upstream.complete
 

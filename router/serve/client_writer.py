@@ -25,6 +25,7 @@ from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.http_stream import HTTPStream
 from hypercorn.trio.tcp_server import TCPServer
 
+from router.http.relay_pump import framed
 from router.serve.front_exchange import Exchange
 from router.serve.hypercorn_fixes import write_now
 
@@ -40,7 +41,7 @@ class ClientWriter:
         self._chunked = chunked
 
     def frame(self, chunk: bytes) -> bytes:
-        return b"%x\r\n%b\r\n" % (len(chunk), chunk) if self._chunked else chunk
+        return framed(chunk, self._chunked)
 
     def write_now(self, data: bytes) -> int:
         if self._lock.locked():  # a waiting write holds the connection: what follows must queue behind it

@@ -19,8 +19,9 @@ from typing import Any, Protocol
 
 import trio
 
+from router.http.relay_pump import framed
 from router.serve.front_head import RequestHead
-from router.serve.hypercorn_fixes import bounded_send, write_now_to
+from router.serve.hypercorn_fixes import write_in_turn, write_now_to
 
 PIPELINE_LIMIT = 64 * 1024  # bytes of a next request read ahead while a response is under way
 _DISCONNECT = {"type": "http.disconnect"}
@@ -72,7 +73,6 @@ class Exchange:
         self._continued = False  # 100 Continue sent
         self._suppressed = False  # a reply without a body: to HEAD, or 1xx, 204, 304
         self._counted: int | None = None  # the body bytes a Content-Length still expects
-        self._pending = b""  # the head, written when the body's first write comes
         self._lock = trio.Lock()  # a write that waits holds it
 
     async def receive(self) -> dict[str, Any]:
@@ -112,8 +112,7 @@ class Exchange:
             return
         body: bytes = message.get("body", b"")
         more: bool = message.get("more_body", False)
-        data = self._head() if not self.started else self._pending
-        self._pending = b""
+        data = self._head() if not self.started else b""
         if self._suppressed:
             body = b""
         data += self.frame(body) if body else b""
@@ -162,43 +161,24 @@ class Exchange:
     # The client's side of a started body, for the relay pump.
 
     def frame(self, chunk: bytes) -> bytes:
-        return b"%x\r\n%b\r\n" % (len(chunk), chunk) if self._chunked else chunk
+        return framed(chunk, self._chunked)
 
     def write_now(self, data: bytes) -> int:
-        if self.gone or self._pending or self._lock.locked():  # what follows queues behind a waiting write
+        if self.gone or self._lock.locked():  # what follows queues behind a waiting write
             return 0
         return len(data) - len(write_now_to(self.connection.socket, data))
 
     async def write(self, data: bytes) -> None:
         if self.gone:
             return
-        if self._pending:
-            data, self._pending = self._pending + data, b""
-        lock = self._lock
-        try:
-            lock.acquire_nowait()
-        except trio.WouldBlock:
-            await lock.acquire()
-            rest = data
-        else:
-            rest = write_now_to(self.connection.socket, data)
-        try:
-            failed = await bounded_send(self.connection.stream, rest) if rest else None
-        finally:
-            lock.release()
-        if failed is not None:
+        connection = self.connection
+        if await write_in_turn(self._lock, connection.socket, connection.stream, data) is not None:
             self.gone = True
             await self.connection.close()
 
     def writer(self) -> Exchange | None:
         """This exchange as the relay pump's ClientWriter, once its response has started with a body it can
-        frame alone (chunked, or ended by the close). The head goes out now, or with the next write."""
-        if self._start is None or self.ended or self.gone:
+        frame alone (chunked, or ended by the close: such a head goes out with ``http.response.start``)."""
+        if not self.started or self.ended or self.gone or self._counted is not None or self._suppressed:
             return None
-        if not self.started:
-            head = self._head()
-            if self._counted is not None or self._suppressed:
-                self._pending = head
-                return None
-            self._pending = write_now_to(self.connection.socket, head)
-        return None if self._counted is not None or self._suppressed else self
+        return self

@@ -267,6 +267,24 @@ async def bounded_send(stream: trio.abc.SendStream, data: bytes) -> str | None:
     return "broken" if broken else None
 
 
+async def write_in_turn(
+    lock: trio.Lock, sock: trio.socket.SocketType | None, stream: trio.abc.SendStream, data: bytes
+) -> str | None:
+    """One write to a client under its connection's ``lock``: what the kernel takes at once goes without
+    yielding (when no other write holds the lock), the rest by ``bounded_send``; its answer."""
+    try:
+        lock.acquire_nowait()
+    except trio.WouldBlock:
+        await lock.acquire()
+        rest = data
+    else:
+        rest = data if sock is None else write_now_to(sock, data)
+    try:
+        return await bounded_send(stream, rest) if rest else None
+    finally:
+        lock.release()
+
+
 def _bounded_writes(original: Any) -> Any:
     @functools.wraps(original)
     async def protocol_send(self: TCPServer, event: Any) -> None:
@@ -275,21 +293,8 @@ def _bounded_writes(original: Any) -> Any:
                 return  # the client has closed: no idle keep-alive timer for a connection that is over
             await original(self, event)
             return
-        lock = self.send_lock
-        try:
-            lock.acquire_nowait()
-        except trio.WouldBlock:
-            await lock.acquire()
-            rest = event.data
-        else:
-            rest = write_now(self, event.data)
-        failed = None
-        try:
-            if rest:
-                failed = await bounded_send(self.stream, rest)
-        finally:
-            lock.release()
-        if failed is not None:
+        sock = getattr(self.stream, "socket", None)  # a plain TCP stream (the router serves no TLS itself)
+        if await write_in_turn(self.send_lock, sock, self.stream, event.data) is not None:
             await self.protocol.handle(Closed())
 
     setattr(protocol_send, _MARK, True)
