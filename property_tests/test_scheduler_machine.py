@@ -10,11 +10,15 @@ reproduces it (see property_tests/README.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from statemachine import (
+    At,
     ClientGone,
     Command,
     DispatchFailed,
@@ -474,11 +478,37 @@ def _inv_abandon(self: SchedulerMachine) -> None:
     self.expect("INV-ABANDON")
 
 
+def _feed_checking_at(feed: Callable[[SchedulerMachine, Event], tuple[Command, ...]]) -> Any:
+    """``feed``, which first checks that the event, had the clock moved on before it (a little, or to the
+    scheduler's wake-up), gives the same outcome as one ``At`` as after a ``Tick`` (the shell sends the
+    one for the two)."""
+
+    def checked(self: SchedulerMachine, event: Event) -> tuple[Command, ...]:
+        # checks: INV-AT
+        state = self.state
+        if state is not None and not isinstance(event, Tick | At):
+            for later in {state.now + 0.25, state.wake_at or state.now}:
+                assert _outcome(state, [Tick(later), event]) == _outcome(state, [At(later, event)]), (
+                    f"INV-AT: At({later}, {event!r}) differs from a Tick and the event{self.replay()}"
+                )
+        return feed(self, event)
+
+    return checked
+
+
+def _outcome(state: State, events: list[Event]) -> tuple[State, list[Command]] | str:
+    try:
+        return run(state, events)
+    except IllegalEvent:
+        return "illegal"
+
+
 # Attached outside the class body, whose source seeds the derandomized searches of test_mutants.py: a check
 # added this way leaves the examples those searches draw (and so the mutants they find) as they are.
 SchedulerMachine.inv_causes = _inv_causes  # type: ignore[attr-defined]
 SchedulerMachine.inv_affinity = _inv_affinity  # type: ignore[attr-defined]
 SchedulerMachine.inv_abandon = _inv_abandon  # type: ignore[attr-defined]
+SchedulerMachine.feed = _feed_checking_at(SchedulerMachine.feed)  # type: ignore[method-assign]
 
 TestSchedulerMachine = SchedulerMachine.TestCase
 TestSchedulerMachine.settings = machine_settings()

@@ -20,6 +20,7 @@ from .commands import (
 )
 from .errors import IllegalEvent
 from .events import (
+    At,
     ClientGone,
     DispatchFailed,
     Event,
@@ -54,6 +55,7 @@ from .settings import DeviceSpec, ModelSpec, PeerSpec, Placement, Policy, PoolSp
 from .state import Replica, ReplicaPhase, Request, RequestPhase, State, initial_state
 
 __all__ = [
+    "At",
     "ClientGone",
     "Command",
     "DeviceSpec",

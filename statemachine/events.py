@@ -165,8 +165,19 @@ class ShutdownRequested:
     deadline: float
 
 
+@attrs.frozen
+class At:
+    """The clock moved to ``now`` and then ``event`` happened: the outcome of ``Tick(now)`` followed by
+    ``event``, in one step (one working copy of the state instead of two). ``event`` is neither a Tick nor
+    another At."""
+
+    now: float
+    event: Event
+
+
 Event = (
     Tick
+    | At
     | Startup
     | RequestArrived
     | ClientGone

@@ -16,6 +16,7 @@ import attrs
 from .commands import Command, Kill, KillCause, Reject, RejectCode
 from .errors import IllegalEvent
 from .events import (
+    At,
     ClientGone,
     DispatchFailed,
     Event,
@@ -70,6 +71,18 @@ def _tick(w: Work, e: Tick) -> None:
     w.now = e.now
     if w.wake_at is not None and e.now >= w.wake_at:
         w.wake_at = None  # the requested wake-up happened; a later WakeAt for the same time is sent again
+
+
+def _at(w: Work, e: At) -> None:
+    inner = e.event
+    if isinstance(inner, Tick | At):
+        raise IllegalEvent(f"At({e.now}) wraps a {type(inner).__name__}: send the Tick itself")
+    rule = _RULES.get(type(inner))
+    if rule is None:
+        raise IllegalEvent(f"unknown event type {type(inner).__name__}")
+    _tick(w, Tick(e.now))
+    schedule(w)  # the Tick's own pass: a timer may be due, and a pass at a later time may decide more
+    rule(w, inner)
 
 
 def _startup(w: Work, e: Startup) -> None:
@@ -306,6 +319,7 @@ def _shutdown(w: Work, e: ShutdownRequested) -> None:
 
 _RULES: dict[type, Callable[[Work, Any], None]] = {
     Tick: _tick,
+    At: _at,
     Startup: _startup,
     RequestArrived: _arrived,
     ClientGone: _client_gone,

@@ -46,6 +46,7 @@ from router.shell.rpc_probe import RpcProbe
 from router.shell.supervisor import Supervisor
 from router.shell.ticket import Ticket, record_of
 from statemachine import (
+    At,
     ClientGone,
     Command,
     Dispatch,
@@ -287,18 +288,22 @@ class Router:
 
     def feed(self, event: Event) -> None:
         now = trio.current_time()
-        if now > self.state.now:
-            self._step(Tick(now))
-        # A timer Tick that waited in the channel behind other events is older than the clock by now;
-        # the Tick(now) above has already done its work. Likewise a handler's RequestFinished/ClientGone
-        # can arrive after the scheduler let go of the request itself (its replica exited first).
-        stale_tick = isinstance(event, Tick) and event.now <= self.state.now
+        # A handler's RequestFinished/ClientGone can arrive after the scheduler let go of the request itself
+        # (its replica exited first).
         let_go = (
             isinstance(event, ClientGone | RequestFinished | DispatchFailed | PeerFailed)
             and event.rid not in self.state.requests
         )
-        if not (stale_tick or let_go):
-            self._step(event)
+        if now > self.state.now and not let_go and not isinstance(event, Tick):
+            self._step(At(now, event))  # the Tick(now) and the event in one step
+        else:
+            if now > self.state.now:
+                self._step(Tick(now))
+            # A timer Tick that waited in the channel behind other events is older than the clock by now;
+            # the Tick(now) above has already done its work.
+            stale_tick = isinstance(event, Tick) and event.now <= self.state.now
+            if not (stale_tick or let_go):
+                self._step(event)
         if isinstance(event, ClientGone | RequestFinished) and event.rid not in self.state.requests:
             self.forget(event.rid)
         self._changed.set()
