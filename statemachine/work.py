@@ -6,6 +6,8 @@ scheduling pass to it, then freezes it into the next ``State``.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import attrs
 from pyrsistent import pmap, pset
 from pyrsistent.typing import PMap, PSet
@@ -29,6 +31,17 @@ from .state import (
 )
 
 EMPTY_COUNTS: PMap[int, int] = pmap()
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+def thawed(frozen: PMap[K, V]) -> dict[K, V]:
+    """``frozen`` as a dict (``dict(frozen)`` would first build a set of its keys)."""
+    return dict(frozen.items()) if frozen else {}
+
+
 FEW_LANES = 4  # a target with up to this many lanes ranks its heads directly (statemachine.heads otherwise)
 
 
@@ -39,7 +52,8 @@ class Work:
         self.policy = state.settings.policy
         self.now = state.now
         self.requests = state.requests.evolver()
-        self.queues: dict[str, TargetQueue] = dict(state.queues)
+        self.queues: dict[str, TargetQueue] = thawed(state.queues)
+        self.queues_moved = False  # whether freeze() must build the map of queues again
         self.waiting = state.waiting
         self.replicas: dict[int, Replica] = {r.id: r for r in state.replicas}
         self.by_model: dict[str, tuple[int, ...]]
@@ -64,12 +78,12 @@ class Work:
         self.stopped = state.stopped
         self.wake_at = state.wake_at
         self.retired = state.retired.evolver()
-        self.failing: set[str] = set(state.failing)
-        self.peer_inflight: dict[str, PSet[int]] = dict(state.peer_inflight)
-        self.peers_down: dict[str, str] = dict(state.peers_down)
+        self.failing: set[str] = set(state.failing) if state.failing else set()
+        self.peer_inflight: dict[str, PSet[int]] = thawed(state.peer_inflight)
+        self.peers_down: dict[str, str] = thawed(state.peers_down)
         self.fair = FairShare(state.fair, state.vclock)
         self.queued_by_key = state.queued_by_key.evolver()
-        self.overtaken: dict[int, int] = dict(state.overtaken)
+        self.overtaken: dict[int, int] = thawed(state.overtaken)
         self.load_seconds = state.load_seconds.evolver()
         self.wanted: list[str] = list(state.wanted)
         self.keep_alive = state.keep_alive.evolver()
@@ -85,7 +99,7 @@ class Work:
             settings=self.settings,
             now=self.now,
             requests=self.requests.persistent(),
-            queues=pmap(self.queues),
+            queues=pmap(self.queues) if self.queues_moved else self.state.queues,
             waiting=self.waiting,
             replicas=replicas,
             next_replica=self.next_replica,
@@ -254,6 +268,7 @@ class Work:
         """``new`` replaces ``old`` as ``target``'s queue (none left when it is empty); of its lanes only
         ``lane`` changed. The index of lane heads follows."""
         heads = self.heads.following(target, old)
+        self.queues_moved = True
         if not new.count:
             self.queues.pop(target, None)  # its heads, if indexed, are built again when it next has some
             return
