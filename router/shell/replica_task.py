@@ -44,6 +44,10 @@ _SHUTDOWN_GRACE = 3.0  # most seconds between SIGTERM and SIGKILL when the super
 _KILL_WAIT = 10.0  # seconds to wait for a SIGKILLed child during shutdown before giving up on it
 _DRAIN_WAIT = 2.0  # seconds to wait for the output pipe to reach EOF after the child is reaped
 _READ_CHUNK = 65536
+# After a read that emptied the pipe, the pump waits this long before reading again, so that the dozen lines
+# llama-server prints around each request are taken in one read and one file write, not one by one while
+# the request runs (the pipe holds far more than a replica prints in this time).
+_OUTPUT_BATCH = 0.05
 # Exit statuses a stop of ours accounts for: a clean exit, or SIGTERM's death (direct, or through a shell
 # that ran the process, 128 + the signal). SIGKILL's counts only once we sent it.
 _STOPPED_BY_SIGTERM = frozenset({0, -signal.SIGTERM, 128 + signal.SIGTERM})
@@ -306,6 +310,8 @@ class ReplicaTask:
                 if not data:
                     break
                 self._take_lines(splitter.feed(data))
+                if len(data) < _READ_CHUNK:
+                    await trio.sleep(_OUTPUT_BATCH)
             self._take_lines(splitter.flush())
         finally:
             drained.set()
