@@ -44,9 +44,10 @@ _SHUTDOWN_GRACE = 3.0  # most seconds between SIGTERM and SIGKILL when the super
 _KILL_WAIT = 10.0  # seconds to wait for a SIGKILLed child during shutdown before giving up on it
 _DRAIN_WAIT = 2.0  # seconds to wait for the output pipe to reach EOF after the child is reaped
 _READ_CHUNK = 65536
-# After a read that emptied the pipe, the pump waits this long before reading again, so that the dozen lines
-# llama-server prints around each request are taken in one read and one file write, not one by one while
-# the request runs (the pipe holds far more than a replica prints in this time).
+# After a read that emptied the pipe, the pump waits this long before reading again (or until the process
+# exits, whose last lines the exit report waits for), so that the dozen lines llama-server prints around
+# each request are taken in one read and one file write, not one by one while the request runs (the pipe
+# holds far more than a replica prints in this time).
 _OUTPUT_BATCH = 0.05
 # Exit statuses a stop of ours accounts for: a clean exit, or SIGTERM's death (direct, or through a shell
 # that ran the process, 128 + the signal). SIGKILL's counts only once we sent it.
@@ -232,8 +233,8 @@ class ReplicaTask:
         )
         try:
             async with trio.open_nursery() as outer:
-                drained = trio.Event()
-                outer.start_soon(self._pump_output, child.output, drained)
+                drained, exited = trio.Event(), trio.Event()
+                outer.start_soon(self._pump_output, child.output, drained, exited)
                 async with trio.open_nursery() as watchers:
                     watchers.start_soon(self._probe_health, http)
                     watchers.start_soon(self._stop_when_asked, child, http)
@@ -242,6 +243,7 @@ class ReplicaTask:
                     self.returncode = child.reap()
                     self._move(Happened.EXITED)
                     watchers.cancel_scope.cancel()
+                exited.set()  # the pump reads the rest now, not after its pause
                 with trio.move_on_after(_DRAIN_WAIT):
                     await drained.wait()
                 outer.cancel_scope.cancel()
@@ -299,7 +301,9 @@ class ReplicaTask:
 
     # ---- output ------------------------------------------------------------------------------------
 
-    async def _pump_output(self, stream: trio.lowlevel.FdStream, drained: trio.Event) -> None:
+    async def _pump_output(
+        self, stream: trio.lowlevel.FdStream, drained: trio.Event, exited: trio.Event
+    ) -> None:
         splitter = LineSplitter()
         try:
             while True:
@@ -310,8 +314,9 @@ class ReplicaTask:
                 if not data:
                     break
                 self._take_lines(splitter.feed(data))
-                if len(data) < _READ_CHUNK:
-                    await trio.sleep(_OUTPUT_BATCH)
+                if len(data) < _READ_CHUNK and not exited.is_set():
+                    with trio.move_on_after(_OUTPUT_BATCH):
+                        await exited.wait()
             self._take_lines(splitter.flush())
         finally:
             drained.set()
