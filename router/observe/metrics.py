@@ -79,43 +79,52 @@ class RouterMetrics:
             else:
                 self.counters[d.key] = Counter(d.name, d.help, d.labels, registry=self.registry)
         self._loading: dict[int, float] = {}
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
         self._replica_families: list[Metric] = []
         self.registry.register(_StateCollector(self))
 
     # -------------------------------------------------------------------------------------- feeding
     def observe(self, record: RequestRecord) -> None:
         model = record.metric_model
-        count, hist = self.counters, self.histograms
-        count["requests"].labels(model, record.endpoint, str(record.status)).inc()
-        hist["duration"].labels(model, record.endpoint).observe(record.duration)
+        child = self._child
+        child("requests", model, record.endpoint, str(record.status)).inc()
+        child("duration", model, record.endpoint).observe(record.duration)
         if record.ttft is not None:
-            hist["ttft"].labels(model).observe(record.ttft)
+            child("ttft", model).observe(record.ttft)
         if record.queue_wait is not None:
-            hist["queue_wait"].labels(model).observe(record.queue_wait)
+            child("queue_wait", model).observe(record.queue_wait)
         if record.prompt_tokens:
-            count["prompt_tokens"].labels(model).inc(record.prompt_tokens)
+            child("prompt_tokens", model).inc(record.prompt_tokens)
         if record.generated_tokens:
-            count["generated_tokens"].labels(model).inc(record.generated_tokens)
+            child("generated_tokens", model).inc(record.generated_tokens)
         if record.cached_tokens:
-            count["cached_tokens"].labels(model).inc(record.cached_tokens)
-            count["cache_hits"].labels(model).inc()
+            child("cached_tokens", model).inc(record.cached_tokens)
+            child("cache_hits", model).inc()
         elif record.cached_tokens == 0 and (record.prompt_tokens or 0) >= CACHE_MISS_MIN_PROMPT:
-            count["cache_misses"].labels(model).inc()
+            child("cache_misses", model).inc()
         key = record.key
-        count["key_requests"].labels(key, str(record.status)).inc()
+        child("key_requests", key, str(record.status)).inc()
         for kind, tokens in (
             ("prompt", record.prompt_tokens),
             ("completion", record.generated_tokens),
             ("cached", record.cached_tokens),
         ):
             if tokens:
-                count["key_tokens"].labels(key, kind).inc(tokens)
+                child("key_tokens", key, kind).inc(tokens)
         if record.queue_wait is not None:
-            count["key_queue_seconds"].labels(key).inc(record.queue_wait)
+            child("key_queue_seconds", key).inc(record.queue_wait)
         if record.model_served is not None:
-            count["key_replica_seconds"].labels(key).inc(
-                max(0.0, record.duration - (record.queue_wait or 0.0))
-            )
+            child("key_replica_seconds", key).inc(max(0.0, record.duration - (record.queue_wait or 0.0)))
+
+    def _child(self, family: str, *labels: str) -> Any:
+        """The series of counter or histogram ``family`` with ``labels``, kept once looked up: a request's
+        record moves a dozen series, and ``labels()`` builds and checks its arguments under a lock each time
+        (no series is ever removed, so a kept one stays the registry's)."""
+        found = self._children.get((family, labels))
+        if found is None:
+            metric = self.histograms.get(family) or self.counters[family]
+            found = self._children[(family, labels)] = metric.labels(*labels)
+        return found
 
     def on_happening(self, kind: str, data: dict[str, Any]) -> None:
         model = str(data.get("model", ""))
