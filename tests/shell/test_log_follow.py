@@ -65,8 +65,14 @@ def log_file(h: RouterHandle, replica: int) -> ReplicaLogFile:
 
 
 async def ready_replica(h: RouterHandle, model: str) -> int:
+    """A replica of ``model`` that has served one request, whose output lines have all been read (the
+    router reads a replica's output in batches, a moment after it is printed)."""
     assert (await post_chat(h.client, model, max_tokens=2)).status_code == 200
     [replica] = [r.id for r in replicas_of(h.router.state, model)]
+    await until(
+        lambda: any("release" in line for line in h.router.supervisor.logs(replica)),
+        what="the first request's lines",
+    )
     return replica
 
 
