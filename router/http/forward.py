@@ -12,9 +12,10 @@ exchange closes, the slot is freed).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -45,6 +46,11 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# The HTTP server's watch of a client leaving (``router.serve.front_watch``): given a request's ASGI receive
+# (its body read) and a cancel scope, it cancels the scope when the client leaves, and gives what stops the
+# watch; None where it cannot watch that receive.
+WatchLeaving = Callable[[Receive, trio.CancelScope], Callable[[], None] | None]
 
 BODY_TIMEOUT = 120.0
 HOP = HOP_HEADER.encode()
@@ -91,11 +97,14 @@ class Forwarder:
         proxy: Proxy,
         client: httpx.AsyncClient,
         writer_for: Callable[[Send], ClientWriter | None] | None = None,
+        leave_watch: WatchLeaving | None = None,
     ) -> None:
         """``writer_for``: the HTTP server's writer of a started response's body, given its ASGI send (for
-        the relay pump); None sends every body through ASGI."""
+        the relay pump); None sends every body through ASGI. ``leave_watch``: the HTTP server's watch of
+        its clients leaving (None: a task per request waits for ``http.disconnect``)."""
         self.desk = desk
         self.writer_for = writer_for
+        self.leave_watch = leave_watch
         self.proxy = proxy
         self.client = client  # for exact token counts of pooled requests
         self.bind_host = config.router.host  # fixed until a restart, like the listening socket
@@ -159,8 +168,7 @@ class Forwarder:
             started = True
             await send(message)
 
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+        async with self._cancelled_when_left(receive):
             try:
                 query = scope.get("query_string", b"")
                 writer_for = self.writer_for
@@ -177,6 +185,24 @@ class Forwarder:
                 if started:
                     raise
                 await answer(internal_error_reply(exc, "POST", path))
+
+    @contextlib.asynccontextmanager
+    async def _cancelled_when_left(self, receive: Receive) -> AsyncIterator[None]:
+        """What runs inside is cancelled as soon as the client leaves: the HTTP server's own watch sees it
+        where it has one (``leave_watch``), else a task waiting for ``http.disconnect``."""
+        scope = trio.CancelScope()
+        stop = None if self.leave_watch is None else self.leave_watch(receive, scope)
+        if stop is not None:
+            try:
+                with scope:
+                    yield
+            finally:
+                stop()
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_disconnect, receive, nursery.cancel_scope)
+            try:
+                yield
             finally:
                 nursery.cancel_scope.cancel()
 

@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import email.utils
 import http
+import os
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import trio
+from hypercorn.trio.tcp_server import MAX_RECV
 
 from router.http.relay_pump import framed
 from router.serve.front_head import RequestHead
@@ -74,6 +77,7 @@ class Exchange:
         self._suppressed = False  # a reply without a body: to HEAD, or 1xx, 204, 304
         self._counted: int | None = None  # the body bytes a Content-Length still expects
         self._lock = trio.Lock()  # a write that waits holds it
+        self.on_leave: Callable[[], None] | None = None  # set by the leave watch while it watches
 
     async def receive(self) -> dict[str, Any]:
         connection = self.connection
@@ -158,6 +162,31 @@ class Exchange:
         lines.append(b"\r\n")
         return b"".join(lines)
 
+    # The client's side of the connection while the response is under way, for the leave watch.
+
+    def fileno(self) -> int:
+        """The client connection's descriptor (-1 once closed)."""
+        return self.connection.socket.fileno()
+
+    def read_ahead_full(self) -> bool:
+        """Whether as much of a next request waits as the exchange reads ahead (``PIPELINE_LIMIT``)."""
+        return len(self.connection.buffer) >= PIPELINE_LIMIT
+
+    def read_waiting(self) -> bool | None:
+        """Read what the client sent, without waiting: True when it closed the connection (the exchange is
+        gone), False when a next request's bytes fill the read-ahead (read no further), None otherwise."""
+        try:
+            data = os.read(self.fileno(), MAX_RECV)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:  # reset, or closed under us
+            data = b""
+        if not data:
+            self.gone = True
+            return True
+        self.connection.buffer += data
+        return False if self.read_ahead_full() else None
+
     # The client's side of a started body, for the relay pump.
 
     def frame(self, chunk: bytes) -> bytes:
@@ -174,6 +203,8 @@ class Exchange:
         connection = self.connection
         if await write_in_turn(self._lock, connection.socket, connection.stream, data) is not None:
             self.gone = True
+            if self.on_leave is not None:  # the leave watch loses sight of a closed connection: tell it
+                self.on_leave()
             await self.connection.close()
 
     def writer(self) -> Exchange | None:

@@ -20,6 +20,7 @@ from router.http.relay_pump import RelayPump
 from router.http.upstream import UpstreamPool
 from router.observe.observers import Observers, start_observers
 from router.serve.client_writer import client_writer
+from router.serve.front_watch import LeaveWatch
 from router.shell.runtime import Router
 from router.shell.views import Admin, Desk, RouterView
 
@@ -66,5 +67,10 @@ async def wire(nursery: trio.Nursery, config: Config, router: Router, client: ht
     proxy = Proxy(RouterView(router), pool, peers, pump)
     app = create_app(config, admin, proxy)
     register_dash(app, config, Desk(router), observers, proxy)
-    data_path = DataPath(app, Forwarder(config, Desk(router), proxy, client, writer_for=client_writer))
+    leave_watch = LeaveWatch()
+    await nursery.start(leave_watch.run)
+    forwarder = Forwarder(
+        config, Desk(router), proxy, client, writer_for=client_writer, leave_watch=leave_watch
+    )
+    data_path = DataPath(app, forwarder)
     return Wired(observers, pool, proxy, app, data_path)

@@ -1,6 +1,7 @@
 """The router's HTTP/1.1 front in a running router: it serves the API and the pages on kept-alive
 connections, pipelined requests included, and hands a connection to hypercorn at its first request it
-does not serve (a chunked body, a malformed head), with the bytes already read."""
+does not serve (a chunked body, a malformed head), with the bytes already read; while a request runs, its
+client's connection is watched (the next request's bytes kept, the end of the connection cancelling it)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import h11
 import pytest
 import trio
 
+from router.journal.records import CLIENT_CLOSED, RequestRecord
 from router.serve.front import FrontConnection
+from statemachine.state import INFLIGHT
 from tests.support.client import chat_body
 from tests.support.harness import RouterHandle, running_router
 
@@ -205,3 +208,27 @@ async def test_a_client_that_leaves_mid_body_loses_nothing_for_the_next(tmp_path
             status, _, _ = await talk.reply()
             assert status == 200
         await h.wait_idle()
+
+
+async def test_a_client_is_watched_while_its_request_runs(tmp_path: Path) -> None:
+    # 40 tokens at 100 a second: the next request's bytes come while the first one is answered; 2,000: a
+    # request whose client leaves long before its end.
+    async with running_router(tmp_path, {"m": {"sim": {"tokens": 40, "token_rate": 100.0}}}) as h:
+        talk = await conversation(h)
+        async with talk.stream:
+            await talk.stream.send_all(post(body=json.dumps(chat_body("m", max_tokens=40)).encode()))
+            await h.router.wait_until(lambda s: any(r.phase == INFLIGHT for r in s.requests.values()))
+            await talk.stream.send_all(GET_MODELS)  # pipelined, read by the watch: not a leaving client
+            status, _, body = await talk.reply()
+            assert status == 200 and json.loads(body)["usage"]["completion_tokens"] == 40
+            status, _, body = await talk.reply()
+            assert status == 200 and json.loads(body)["object"] == "list"
+        records: list[RequestRecord] = []
+        h.router.record_listeners.append(records.append)
+        long = json.dumps(chat_body("m", max_tokens=2000)).encode()
+        talk = await conversation(h)
+        async with talk.stream:
+            await talk.stream.send_all(post(body=long))
+            await h.router.wait_until(lambda s: any(r.phase == INFLIGHT for r in s.requests.values()))
+        await h.wait_idle()  # the client left: its request ended at once, not after 20 s
+        assert [r.status for r in records] == [CLIENT_CLOSED]
