@@ -23,6 +23,7 @@ pytestmark = pytest.mark.core
 
 
 def test_at_is_a_tick_and_the_event_in_one_step() -> None:
+    # checks: INV-AT
     # A pool request waits for its first member's load; the pass of a later Tick loads the next member
     # too (fallback by capacity), so the Tick's own pass is part of what At does.
     models = {name: ModelSpec(name=name, gpus=(), pinned=True) for name in ("m0", "m1", "m2")}
