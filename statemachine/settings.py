@@ -200,6 +200,7 @@ class Settings:
     pool_table: dict[str, PoolSpec] = attrs.field(init=False, eq=False, repr=False)
     budget_table: dict[int, int | None] = attrs.field(init=False, eq=False, repr=False)
     pools_by_model: dict[str, tuple[str, ...]] = attrs.field(init=False, eq=False, repr=False)
+    weight_table: dict[str, int] = attrs.field(init=False, eq=False, repr=False)
     targets: tuple[str, ...] = attrs.field(init=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
@@ -211,6 +212,7 @@ class Settings:
             "pool_table": dict(self.pools),
             "budget_table": {gpu: d.budget for gpu, d in self.devices.items()},
             "pools_by_model": by_model,
+            "weight_table": dict(self.weights.items()),
             "targets": (*self.models.keys(), *self.pools.keys()),
         }
         for name, value in derived.items():
@@ -223,7 +225,7 @@ class Settings:
         return self.pools_by_model.get(model, ())
 
     def weight(self, key: str) -> int:
-        return self.weights.get(key, 1)
+        return self.weight_table.get(key, 1)
 
     def peer_limit(self, peer: str) -> int:
         """How many requests may be forwarded to ``peer`` at once (0 for a peer no longer configured)."""
