@@ -122,7 +122,7 @@ class RouterMetrics:
         (no series is ever removed, so a kept one stays the registry's)."""
         found = self._children.get((family, labels))
         if found is None:
-            metric = self.histograms.get(family) or self.counters[family]
+            metric = self.histograms[family] if family in self.histograms else self.counters[family]
             found = self._children[(family, labels)] = metric.labels(*labels)
         return found
 

@@ -48,14 +48,13 @@ class LeaveWatch:
         if fd < 0 or exchange.gone:
             scope.cancel()
             return _nothing
-        if exchange.read_ahead_full():
-            return _nothing  # as the exchange's own receive: the close alone ends it
-        try:
-            self._epoll.register(fd, select.EPOLLIN)
-        except FileExistsError:  # a descriptor closed while registered and reused: the kernel forgot it late
-            self._epoll.modify(fd, select.EPOLLIN)
-        self._watched[fd] = (exchange, scope)
         exchange.on_leave = scope.cancel  # a write that finds the client gone closes the connection
+        if not exchange.read_ahead_full():  # else, as the exchange's own receive, read no further ahead
+            try:
+                self._epoll.register(fd, select.EPOLLIN)
+            except FileExistsError:  # a descriptor closed while registered and reused: forgotten late
+                self._epoll.modify(fd, select.EPOLLIN)
+            self._watched[fd] = (exchange, scope)
         return lambda: self._drop(fd, exchange)
 
     def _drop(self, fd: int, exchange: Exchange) -> None:
