@@ -80,8 +80,12 @@ def _at(w: Work, e: At) -> None:
     rule = _RULES.get(type(inner))
     if rule is None:
         raise IllegalEvent(f"unknown event type {type(inner).__name__}")
+    due = w.wake_at is not None and e.now >= w.wake_at
     _tick(w, Tick(e.now))
-    schedule(w)  # the Tick's own pass: a timer may be due, and a pass at a later time may decide more
+    if due or w.waiting or w.wanted or w.shutting_down:
+        schedule(w)  # the Tick's own pass: a timer is due, or what waits may be decided otherwise later
+    # Else that pass would change nothing: nothing waits, nothing is wanted, and every deadline the last
+    # pass saw (idle models' ends) lies at or after wake_at, which the clock has not reached (INV-AT).
     rule(w, inner)
 
 
