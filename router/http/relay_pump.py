@@ -32,6 +32,21 @@ def framed(chunk: bytes, chunked: bool) -> bytes:
     return b"%x\r\n%b\r\n" % (len(chunk), chunk) if chunked else chunk
 
 
+async def serve_epoll(
+    epoll: select.epoll, ready: Callable[[list[tuple[int, int]]], None], task_status: trio.TaskStatus[None]
+) -> None:
+    """Hand ``ready`` what ``epoll`` finds each time it has something, until cancelled; then close it. One
+    task serves a whole set of descriptors this way: Trio waits on the set's own descriptor alone."""
+    fd = epoll.fileno()
+    task_status.started()
+    try:
+        while True:
+            await trio.lowlevel.wait_readable(fd)
+            ready(epoll.poll(0))
+    finally:
+        epoll.close()
+
+
 class ClientWriter(Protocol):
     """The client's side of one response whose body is being sent, as the HTTP server hands it out."""
 
@@ -115,19 +130,15 @@ class RelayPump:
                 self._epoll.unregister(body.fd)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        fd = self._epoll.fileno()
-        task_status.started()
-        try:
-            while True:
-                await trio.lowlevel.wait_readable(fd)
-                now = trio.current_time()
-                for ready, _ in self._epoll.poll(0):
-                    body = self._bodies.get(ready)
-                    if body is not None and body.move(now):
-                        self.drop(body)
-                        body.wake.set()
-        finally:
-            self._epoll.close()
+        await serve_epoll(self._epoll, self._ready, task_status)
+
+    def _ready(self, fds: list[tuple[int, int]]) -> None:
+        now = trio.current_time()
+        for ready, _ in fds:
+            body = self._bodies.get(ready)
+            if body is not None and body.move(now):
+                self.drop(body)
+                body.wake.set()
 
     async def relay(
         self,

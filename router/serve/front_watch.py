@@ -22,6 +22,7 @@ from typing import Any
 
 import trio
 
+from router.http.relay_pump import serve_epoll
 from router.serve.front_exchange import Exchange
 
 
@@ -66,24 +67,20 @@ class LeaveWatch:
                 self._epoll.unregister(fd)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        fd = self._epoll.fileno()
-        task_status.started()
-        try:
-            while True:
-                await trio.lowlevel.wait_readable(fd)
-                for ready, _ in self._epoll.poll(0):
-                    watched = self._watched.get(ready)
-                    if watched is None:
-                        continue
-                    exchange, scope = watched
-                    left = exchange.read_waiting()
-                    if left is None:
-                        continue
-                    self._drop(ready, exchange)
-                    if left:
-                        scope.cancel()
-        finally:
-            self._epoll.close()
+        await serve_epoll(self._epoll, self._ready, task_status)
+
+    def _ready(self, fds: list[tuple[int, int]]) -> None:
+        for ready, _ in fds:
+            watched = self._watched.get(ready)
+            if watched is None:
+                continue
+            exchange, scope = watched
+            left = exchange.read_waiting()
+            if left is None:
+                continue
+            self._drop(ready, exchange)
+            if left:
+                scope.cancel()
 
 
 def _nothing() -> None:
