@@ -171,12 +171,19 @@ class PlacementMachine(RuleBasedStateMachine):
         self.check_room(evicted_for)
 
     def split_waiters(self) -> set[int]:
-        """Cards an earlier waiting request for a model that must be split may hold (claim)."""
+        """Cards an earlier waiting request may hold (claim): every card of a model that must be split, and a
+        card its model fits alone but not beside other processes' memory (it waits for that memory to
+        leave rather than take more cards: INV-PLACE-SMALLEST, INV-FOREIGN)."""
         out: set[int] = set()
         for model in self.waiting.values():
             spec = self.models[model]
             if spec.chooses and all(len(c.gpus) > 1 for c in spec.choices):
                 out |= {g for c in spec.choices for g in c.gpus}
+            for choice in spec.choices if spec.chooses else ():
+                if len(choice.gpus) == 1:
+                    (gpu,) = choice.gpus
+                    if choice.need[gpu] <= CARDS[gpu] < choice.need[gpu] + self.foreign.get(gpu, 0):
+                        out.add(gpu)
         return out
 
     def carry_out(self, command: Command, evicted_for: set[str], overcommitted: set[int]) -> None:
