@@ -96,7 +96,7 @@ class Exchange:
             self.body_left -= size
             return {"type": "http.request", "body": chunk, "more_body": self.body_left > 0}
         while not (self.ended or self.gone):
-            if len(connection.buffer) >= PIPELINE_LIMIT:  # read no further ahead; the end wakes us
+            if self.read_ahead_full():  # read no further ahead; the end wakes us
                 await connection.closed.wait()
                 break
             if not await connection.read():
