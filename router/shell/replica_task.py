@@ -44,10 +44,11 @@ _SHUTDOWN_GRACE = 3.0  # most seconds between SIGTERM and SIGKILL when the super
 _KILL_WAIT = 10.0  # seconds to wait for a SIGKILLed child during shutdown before giving up on it
 _DRAIN_WAIT = 2.0  # seconds to wait for the output pipe to reach EOF after the child is reaped
 _READ_CHUNK = 65536
-# After a read that emptied the pipe, the pump waits this long before reading again (or until the process
-# exits, whose last lines the exit report waits for), so that the dozen lines llama-server prints around
-# each request are taken in one read and one file write, not one by one while the request runs (the pipe
-# holds far more than a replica prints in this time).
+# Once the replica is ready, after a read that emptied the pipe the pump waits this long before reading again
+# (or until the process exits, whose last lines the exit report waits for), so that the dozen lines
+# llama-server prints around each request are taken in one read and one file write, not one by one while
+# the request runs (the pipe holds far more than a replica prints in this time). While it loads, every line
+# is read at once: what it prints then (its buffers, its context, why it failed) is read as it is printed.
 _OUTPUT_BATCH = 0.05
 # Exit statuses a stop of ours accounts for: a clean exit, or SIGTERM's death (direct, or through a shell
 # that ran the process, 128 + the signal). SIGKILL's counts only once we sent it.
@@ -314,7 +315,7 @@ class ReplicaTask:
                 if not data:
                     break
                 self._take_lines(splitter.feed(data))
-                if len(data) < _READ_CHUNK and not exited.is_set():
+                if len(data) < _READ_CHUNK and self.ever_ready and not exited.is_set():
                     with trio.move_on_after(_OUTPUT_BATCH):
                         await exited.wait()
             self._take_lines(splitter.flush())
@@ -324,8 +325,7 @@ class ReplicaTask:
     def _take_lines(self, lines: list[str]) -> None:
         """Output lines read together: into the ring buffer, the replica's file (one write) and the router's
         DEBUG log."""
-        for line in lines:
-            self.log.append(line)
+        self.log.extend(lines)
         if self.file is not None:
             self.file.write_lines(lines)
         if self.logger.isEnabledFor(logging.DEBUG):
