@@ -33,6 +33,8 @@ from typing import Any
 import httptools
 import trio
 
+from router.http.nonblocking import write_now_to
+
 IDLE_PER_PORT = 16
 IDLE_SECONDS = 4.0
 RECEIVE_SIZE = 256 * 1024
@@ -294,8 +296,10 @@ class UpstreamPool:
         reader = _Reader(no_body=no_body)
         received = False
         try:
-            with trio.fail_after(self.write_timeout):
-                await conn.stream.send_all(data)
+            rest = write_now_to(conn.stream.socket, data)  # a request usually goes whole, without a yield
+            if rest:
+                with trio.fail_after(self.write_timeout):
+                    await conn.stream.send_all(rest)
             while not reader.head_done:
                 chunk = await self.receive(conn)
                 if not chunk and not received:

@@ -22,9 +22,10 @@ from typing import Any, Protocol
 import trio
 from hypercorn.trio.tcp_server import MAX_RECV
 
+from router.http.nonblocking import write_now_to
 from router.http.relay_pump import framed
 from router.serve.front_head import RequestHead
-from router.serve.hypercorn_fixes import write_in_turn, write_now_to
+from router.serve.hypercorn_fixes import write_in_turn
 
 PIPELINE_LIMIT = 64 * 1024  # bytes of a next request read ahead while a response is under way
 _DISCONNECT = {"type": "http.disconnect"}

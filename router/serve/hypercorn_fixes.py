@@ -48,7 +48,6 @@ import functools
 import json
 import logging
 import math
-import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -58,6 +57,8 @@ from hypercorn.events import Closed, RawData, Updated
 from hypercorn.protocol.events import StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
+
+from router.http.nonblocking import write_now_to
 
 log = logging.getLogger("router")
 
@@ -233,15 +234,6 @@ def write_now(server: TCPServer, data: bytes) -> bytes:
     if sock is None:
         return data
     return write_now_to(sock, data)
-
-
-def write_now_to(sock: trio.socket.SocketType, data: bytes) -> bytes:
-    """``write_now`` on a socket: what is left of ``data`` after one non-blocking write."""
-    try:
-        sent = os.write(sock.fileno(), data)  # a closed socket's number is -1, which os.write refuses
-    except OSError:
-        return data  # would block, or broken: the waiting write finds out which and answers for it
-    return data[sent:]
 
 
 async def bounded_send(stream: trio.abc.SendStream, data: bytes) -> str | None:
