@@ -43,6 +43,7 @@ from statemachine import (
     step,
 )
 
+from .arrivals import checking_arrivals
 from .profiles import machine_settings
 from .replay import replay_banner
 from .strategies import TOKEN_CHOICES, UNKNOWN_TARGET, models, scheduler_settings
@@ -509,6 +510,7 @@ SchedulerMachine.inv_causes = _inv_causes  # type: ignore[attr-defined]
 SchedulerMachine.inv_affinity = _inv_affinity  # type: ignore[attr-defined]
 SchedulerMachine.inv_abandon = _inv_abandon  # type: ignore[attr-defined]
 SchedulerMachine.feed = _feed_checking_at(SchedulerMachine.feed)  # type: ignore[method-assign]
+SchedulerMachine.feed = checking_arrivals(SchedulerMachine.feed)  # type: ignore[method-assign]
 
 TestSchedulerMachine = SchedulerMachine.TestCase
 TestSchedulerMachine.settings = machine_settings()

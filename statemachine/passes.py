@@ -23,7 +23,7 @@ from .placement import placed_load, spawn_fitting
 from .queries import serving_models
 from .room import choose_victims
 from .settings import ModelSpec
-from .state import LOADING, STOPPING, Request
+from .state import LOADING, STOPPING, Replica, Request
 from .swaps import Batches, batch_full, hold_until
 from .work import Work
 
@@ -129,18 +129,15 @@ def _place(
         if not request.overflow:
             protected.update(names)
         return
-    for name in names:
-        spec = w.model(name)
-        if spec.peer is not None:
-            if w.peer_free(spec.peer):
-                w.forward(request, spec.peer, name)
-                return
-            continue
-        replica = w.free_replica(name, request.prefix, blocked)
-        if replica is not None:
+    found = _goes_to(w, names, request.prefix, blocked)
+    if found is not None:
+        name, replica = found
+        if replica is None:
+            w.forward(request, w.model(name).peer or "", name)
+        else:
             w.dispatch(request, replica, name)
             batches.passed(replica.gpus, blocked)
-            return
+        return
     if request.overflow:
         return
     protected.update(names)
@@ -187,6 +184,35 @@ def _place(
             for replica in w.replicas_of(victim):
                 if not replica.inflight:
                     w.kill(replica, reason, KillCause.EVICTED, eviction)
+
+
+def _goes_to(
+    w: Work, names: list[str], prefix: tuple[int, ...], blocked: set[int]
+) -> tuple[str, Replica | None] | None:
+    """Where a request with candidates ``names`` goes now: the first candidate with room, as (model, its
+    free replica), or (model, None) for a peer model whose peer takes it; None when none has room."""
+    for name in names:
+        peer = w.model(name).peer
+        if peer is not None:
+            if w.peer_free(peer):
+                return name, None
+            continue
+        replica = w.free_replica(name, prefix, blocked)
+        if replica is not None:
+            return name, replica
+    return None
+
+
+def dispatch_arrival(w: Work, request: Request, names: list[str]) -> bool:
+    """Dispatch a request that arrives while nothing waits when a replica of its candidates has a free slot
+    (INV-ARRIVE-AT-ONCE): the pass would take it first and send it there, and the step skips its queue."""
+    if w.waiting or request.overflow or (names and _all_busy(w, names)):
+        return False
+    found = _goes_to(w, names, request.prefix, set())
+    if found is None or found[1] is None:
+        return False  # (a peer's: forwarded by the pass)
+    w.dispatch_at_once(request, found[1], found[0])
+    return True
 
 
 def _all_busy(w: Work, names: list[str]) -> bool:

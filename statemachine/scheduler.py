@@ -37,7 +37,7 @@ from .events import (
     UnloadRequested,
 )
 from .loads import abandon
-from .passes import candidates, fail_waiters, no_peer_answer, schedule
+from .passes import candidates, dispatch_arrival, fail_waiters, no_peer_answer, schedule
 from .placement import spawn_fitting
 from .queries import serving_models
 from .recovery import dispatch_failed, peer_failed, peer_state
@@ -107,6 +107,16 @@ def _startup(w: Work, e: Startup) -> None:
 
 
 def _arrived(w: Work, e: RequestArrived) -> None:
+    admitted = _admit(w, e)
+    if admitted is not None:
+        request, names = admitted
+        if not dispatch_arrival(w, request, names):
+            w.enqueue(request)
+
+
+def _admit(w: Work, e: RequestArrived) -> tuple[Request, list[str]] | None:
+    """The arriving request, marked overflow when over a bound, and its candidates; None when it is
+    rejected at once."""
     if e.rid in w.requests:
         raise IllegalEvent(f"request {e.rid} arrived twice")
     request = Request(
@@ -125,20 +135,20 @@ def _arrived(w: Work, e: RequestArrived) -> None:
     w.next_seq += 1
     if w.shutting_down:
         w.cmds.append(Reject(e.rid, RejectCode.SHUTTING_DOWN, "the router is shutting down; retry shortly"))
-        return
+        return None
     models, pools = w.settings.models, w.settings.pools
     if e.target not in models and e.target not in pools:
         known = ", ".join(sorted((*models.keys(), *pools.keys())))
         message = f"model '{e.target}' is not served here; known models: {known}"
         w.cmds.append(Reject(e.rid, RejectCode.MODEL_NOT_FOUND, message))
-        return
+        return None
     names = candidates(w, e.target, e.tokens, local_only=e.local_only, outside=e.outside)
     if not names:
         if candidates(w, e.target, e.tokens, peers=False, outside=e.outside):
             w.cmds.append(Reject(e.rid, *no_peer_answer(w, request)))  # its peers are down, or a second hop
         else:
             w.cmds.append(_unservable(w, e))
-        return
+        return None
     pool = pools.get(e.target)
     over = w.waiting >= w.policy.queue_limit
     if pool is not None and w.queue(pool.name).count >= w.policy.routing_queue_limit:
@@ -150,7 +160,7 @@ def _arrived(w: Work, e: RequestArrived) -> None:
     if code is not None:
         request = attrs.evolve(request, overflow=True)
         w.overflow.append((e.rid, code))
-    w.enqueue(request)
+    return request, names
 
 
 def _unservable(w: Work, e: RequestArrived) -> Command:

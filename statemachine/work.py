@@ -331,6 +331,16 @@ class Work:
 
     def dispatch(self, request: Request, replica: Replica, model: str) -> None:
         self._served(request)
+        self._on_replica(request, replica, model)
+
+    def dispatch_at_once(self, request: Request, replica: Replica, model: str) -> None:
+        """Dispatch a request that has just arrived, while nothing waits, without passing it through its
+        queue: what ``enqueue`` and then ``dispatch`` leave, without the queue's coming and going."""
+        self.fair.waits_again(request.key)  # it had nothing waiting (nothing does)
+        self.fair.serve(request.key, self.settings.weight(request.key))
+        self._on_replica(request, replica, model)
+
+    def _on_replica(self, request: Request, replica: Replica, model: str) -> None:
         self.requests[request.rid] = attrs.evolve(request, phase=INFLIGHT, replica=replica.id, model=model)
         memory = replica.memory
         if request.prefix:

@@ -1,4 +1,5 @@
-"""``At(t, e)``: a Tick and an event in one step (spec §3, INV-AT)."""
+"""``At(t, e)``: a Tick and an event in one step (spec §3, INV-AT); an arrival that goes at once
+(INV-ARRIVE-AT-ONCE)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pyrsistent import pmap
 from statemachine import (
     At,
     Command,
+    Dispatch,
     IllegalEvent,
     Kill,
     KillCause,
@@ -17,12 +19,14 @@ from statemachine import (
     RequestArrived,
     RequestFinished,
     Settings,
+    Startup,
     State,
     Tick,
     initial_state,
     run,
     step,
 )
+from statemachine.state import INFLIGHT
 
 pytestmark = pytest.mark.core
 
@@ -72,3 +76,22 @@ def _as_step(state: State, t: float, event: RequestArrived) -> tuple[State, tupl
     """A Tick to ``t`` and ``event``, as one step's outcome."""
     after, commands = run(state, [Tick(t), event])
     return after, tuple(commands)
+
+
+def test_an_arrival_while_nothing_waits_goes_at_once() -> None:
+    # checks: INV-ARRIVE-AT-ONCE
+    # Key "a" was served three times while "b" sent nothing; then "b"'s request arrives with nothing waiting
+    # and a slot free: it goes in this step, and its key re-enters fair share at the clock, as it would had
+    # the request been queued first (its tag does not stay behind, claiming the service it did not use).
+    settings = Settings(
+        models=pmap({"m": ModelSpec(name="m", gpus=(), slots=2, pinned=True)}), weights={"b": 2}
+    )
+    state, _ = run(initial_state(settings), [Startup(), ReplicaReady(1)])
+    for rid in (1, 2, 3):
+        state, _ = run(state, [RequestArrived(rid, "m", key="a"), RequestFinished(rid)])
+    assert state.fair["a"] == 3.0 and state.vclock == 2.0 and not state.waiting
+    after, commands = step(state, RequestArrived(4, "m", key="b"))
+    assert commands == (Dispatch(4, 1, "m"),)
+    assert after.fair["b"] == 2.5 and after.vclock == 2.0  # starts at the clock, moves on by 1 / weight
+    assert after.queues == state.queues and after.queued_by_key == state.queued_by_key
+    assert after.requests[4].phase == INFLIGHT and after.requests[4].seq == 4
