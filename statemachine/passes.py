@@ -329,7 +329,7 @@ def _reap_drained(w: Work) -> None:
 
 def _expire_idle(w: Work, wake: list[float]) -> None:
     keep_alive = w.keep_alive
-    for spec in w.settings.models.values():
+    for spec in w.models.values():  # (the plain table: the same models in the same order)
         ttl = keep_alive[spec.name] if spec.name in keep_alive else spec.ttl  # noqa: SIM401 (evolver)
         if ttl is None or ttl == math.inf or spec.pinned:
             continue

@@ -136,7 +136,7 @@ def _admit(w: Work, e: RequestArrived) -> tuple[Request, list[str]] | None:
     if w.shutting_down:
         w.cmds.append(Reject(e.rid, RejectCode.SHUTTING_DOWN, "the router is shutting down; retry shortly"))
         return None
-    models, pools = w.settings.models, w.settings.pools
+    models, pools = w.models, w.settings.pool_table  # (plain tables of the same)
     if e.target not in models and e.target not in pools:
         known = ", ".join(sorted((*models.keys(), *pools.keys())))
         message = f"model '{e.target}' is not served here; known models: {known}"
@@ -154,7 +154,8 @@ def _admit(w: Work, e: RequestArrived) -> tuple[Request, list[str]] | None:
     if pool is not None and w.queue(pool.name).count >= w.policy.routing_queue_limit:
         over = True
     code = RejectCode.QUEUE_FULL if over else None
-    own_limit = w.settings.max_queued.get(e.key)  # checked after the whole queue's limits
+    max_queued = w.settings.max_queued
+    own_limit = max_queued.get(e.key) if max_queued else None  # checked after the whole queue's limits
     if code is None and own_limit is not None and w.queued_of(e.key) >= own_limit:
         code = RejectCode.KEY_QUEUE_FULL
     if code is not None:

@@ -24,6 +24,7 @@ proxy the page is https while the router sees http, and only the router itself s
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -84,8 +85,11 @@ class Verdict:
 # ------------------------------------------------------------------------------------------- host names
 
 
-def host_accepted(host_header: str | None, bind_host: str, allowed_hosts: Sequence[str]) -> bool:
-    """Whether the router answers a request for ``host_header`` (see the module's rules)."""
+@functools.lru_cache(maxsize=256)
+def host_accepted(host_header: str | None, bind_host: str, allowed_hosts: tuple[str, ...]) -> bool:
+    """Whether the router answers a request for ``host_header`` (see the module's rules). Remembered: a
+    client sends the same Host with every request, and parsing addresses costs more than the rest of the
+    request's checks (bounded, as clients choose what they send)."""
     bind = bind_host.strip().strip("[]").lower().removesuffix(".")
     if "*" in allowed_hosts or not (is_loopback_host(bind) or allowed_hosts):
         return True

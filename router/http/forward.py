@@ -115,12 +115,13 @@ class Forwarder:
         path: str = scope["path"]
         raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
         pairs = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw_headers]
+        first = _first_values(pairs)  # each header's first value, by its name
         client = scope["client"][0] if scope.get("client") else ""
         settings = self.desk.config.router
         check = check_head(
             "POST",
             path,
-            _first_values(pairs),
+            first,
             pairs,
             bind_host=self.bind_host,
             settings=settings,
@@ -150,12 +151,12 @@ class Forwarder:
 
         refusal = self._refusal(check)
         if refusal is not None:
-            if _has_body(pairs):  # its body is still on the connection: do not reuse it
+            if _has_body(first):  # its body is still on the connection: do not reuse it
                 refusal = Reply(refusal.status, {**refusal.headers, "connection": "close"}, refusal.body)
             await answer(refusal)
             return
         try:
-            raw = await self._read_body(receive, pairs)
+            raw = await self._read_body(receive, first)
         except _ClientLeft:
             return
         if isinstance(raw, Reply):
@@ -174,7 +175,7 @@ class Forwarder:
                 writer_for = self.writer_for
                 writer = None if writer_for is None else lambda: writer_for(send)
                 sender = (client, check.client)
-                reply, admitted = await self._serve(path, raw, raw_headers, sender, query, writer)
+                reply, admitted = await self._serve(path, raw, (raw_headers, first), sender, query, writer)
                 if admitted:
                     headers = dict(reply.headers)
                     cors_reply_headers(headers, verdict.cors_origin, cors_origins)
@@ -213,9 +214,9 @@ class Forwarder:
             return None
         return error_reply(refusal.code, refusal.message, refusal.headers)
 
-    async def _read_body(self, receive: Receive, pairs: list[tuple[str, str]]) -> bytes | Reply:
+    async def _read_body(self, receive: Receive, heads: dict[str, str]) -> bytes | Reply:
         limit = self.body_limit
-        declared = _first_values(pairs).get("content-length")
+        declared = heads.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             return self._too_large()
         parts: list[bytes] = []
@@ -245,14 +246,16 @@ class Forwarder:
         self,
         path: str,
         raw: bytes,
-        raw_headers: list[tuple[bytes, bytes]],
+        sent_headers: tuple[list[tuple[bytes, bytes]], dict[str, str]],
         sender: tuple[str, Client],
         query: bytes,
         writer: WriterOf | None = None,
     ) -> tuple[Reply, bool]:
-        """The answer, and whether the request was admitted (else the answer is a refusal). ``sender``: the
-        client's address and who its key names."""
+        """The answer, and whether the request was admitted (else the answer is a refusal). ``sent_headers``:
+        the headers as sent, and each one's first value by name; ``sender``: the client's address and who
+        its key names."""
         client, who = sender
+        raw_headers, heads = sent_headers
         endpoint = path
         exchange: Exchange | None = None
         try:
@@ -272,7 +275,6 @@ class Forwarder:
         assert target is not None
         desk = self.desk
         asked = body.get("model")
-        heads = {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(raw_headers)}
         klass = check_client(desk.config, who, target, asked, heads, body, desk.over_limit)
         if isinstance(klass, Refusal):
             return error_reply(klass.code, klass.message, klass.headers), False
@@ -355,8 +357,7 @@ def _first_values(pairs: list[tuple[str, str]]) -> dict[str, str]:
     return out
 
 
-def _has_body(pairs: list[tuple[str, str]]) -> bool:
-    heads = _first_values(pairs)
+def _has_body(heads: dict[str, str]) -> bool:
     return heads.get("content-length", "0") not in ("", "0") or "transfer-encoding" in heads
 
 
