@@ -389,6 +389,8 @@ class Proxy:
         while not ticket.decided.is_set() and trio.current_time() < deadline:
             with trio.move_on_after(min(LOAD_CHECK, deadline - trio.current_time())):
                 await ticket.decided.wait()
+            if ticket.decided.is_set():
+                return
             if not ticket.local_only and self.view.awaited_load(ticket.rid) is not None:
                 return
 

@@ -97,9 +97,9 @@ class PumpedBody:
             self.error = exc
             return True
         if chunk:
-            self.on_chunk(chunk)
             wire = self.writer.frame(chunk)
             taken = self.writer.write_now(wire)
+            self.on_chunk(chunk)  # after the write: the client's token does not wait for the sniffing
             if taken < len(wire):
                 self.rest = wire[taken:]
                 return True
@@ -151,8 +151,8 @@ class RelayPump:
         ``UpstreamResponse.chunks`` does (ReplyTimeout after ``read_timeout`` seconds without a byte)."""
         first = upstream.take_body()  # what came with the head
         if first:
-            on_chunk(first)
             await writer.write(writer.frame(first))
+            on_chunk(first)
         body = PumpedBody(upstream, writer, on_chunk)
         while not upstream.complete:
             body.wake = trio.Event()
