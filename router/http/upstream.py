@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import socket
 import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -345,14 +346,22 @@ class UpstreamPool:
         raise ReplyTimeout(self.read_timeout)  # the scope's deadline passed
 
     async def _connect(self, port: int) -> _Conn:
+        # One socket to a numeric loopback address: open_tcp_stream's name lookup and its concurrent attempts
+        # (a task and a nursery each) are for names with several addresses, and cost more than the connect.
+        sock = trio.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
             with trio.fail_after(self.connect_timeout):
-                stream = await trio.open_tcp_stream(HOST, port)
+                await sock.connect((HOST, port))
         except trio.TooSlowError:
+            sock.close()
             raise ConnectFailed(f"no connection to port {port} within {self.connect_timeout:g} s") from None
         except OSError as exc:
+            sock.close()
             raise ConnectFailed(f"connection to port {port} refused: {exc.strerror or exc}") from None
-        return _Conn(stream, port)
+        except BaseException:
+            sock.close()
+            raise
+        return _Conn(trio.SocketStream(sock), port)
 
     # --------------------------------------------------------------------------------------- connections
     def _take(self, port: int) -> _Conn | None:

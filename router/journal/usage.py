@@ -35,7 +35,7 @@ TAIL_LIMIT = 16 * 1024
 LINE_LIMIT = 256 * 1024
 ERROR_TEXT_LIMIT = 500
 
-_MARKERS = (b'"usage"', b'"timings"', b'"error"')
+_MARKERS = re.compile(rb'"(?:usage|timings|error)"')  # what makes an event worth parsing once content began
 _CONTENT_TYPES = frozenset(
     {
         "content_block_delta",
@@ -227,7 +227,7 @@ class UsageSniffer:
             and not self._line
             and not self._skipping
             and chunk.endswith(b"\n")
-            and not any(m in chunk for m in _MARKERS)
+            and _MARKERS.search(chunk) is None
         ):
             return  # whole lines only, none of them usage, timings or an error: nothing to look at
         start = 0
@@ -255,7 +255,7 @@ class UsageSniffer:
         data = line[5:].strip()
         if not data.startswith(b"{"):
             return
-        if self.first_content_at is not None and not any(m in data for m in _MARKERS):
+        if self.first_content_at is not None and _MARKERS.search(data) is None:
             return
         try:
             event = json.loads(data)
