@@ -131,11 +131,6 @@ class Exchange:
                 self.keep_alive = False
         if data:
             await self.write(data)
-            if self.ended or self._counted == 0:
-                # The response is whole. The client, woken by that write, often waits for this very core:
-                # give it up once, so that the client reads its answer before the router's bookkeeping of
-                # the request (its record, the metrics, the scheduler's step) runs.
-                os.sched_yield()
 
     def _head(self) -> bytes:
         self.started = True

@@ -107,8 +107,9 @@ async def test_a_request_cancelled_at_any_await_point_ends_once_and_frees_its_sl
                 if cut.steps < k:  # it ran to its end before the k-th step: every point was tried
                     break
             nursery.cancel_scope.cancel()
-        # The cuts fell at every point from admission to the last relayed byte (the first during the load).
-        assert k > 5, k
+        # The cuts fell at every point from admission to the last relayed byte (the first during the load). A
+        # whole reply passes fewer of them: its request goes out in one write, its reply comes in one read.
+        assert k > (5 if stream else 3), k
         assert len({r.status for r in records}) >= 2  # some were answered, some cut short (499)
 
 
