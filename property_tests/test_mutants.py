@@ -55,8 +55,8 @@ FOCUSED: dict[str, type[SchedulerMachine]] = {
 MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     "dispatch ignores held GPUs": (
         "passes",
-        "replica = w.free_replica(name, request.prefix, blocked)",
-        "replica = w.free_replica(name, request.prefix)",
+        "replica = w.free_replica(name, prefix, blocked)",
+        "replica = w.free_replica(name, prefix)",
         ("INV-ORDER",),
     ),
     "a claim holds no GPUs": (
@@ -86,8 +86,10 @@ MUTANTS: dict[str, tuple[str, str, str, tuple[str, ...]]] = {
     ),
     "pools try their last member first": (
         "passes",
-        "    for name in names:\n        spec = w.model(name)\n        if spec.peer",
-        "    for name in reversed(names):\n        spec = w.model(name)\n        if spec.peer",
+        "    for name in names:\n        peer = w.model(name).peer\n        if peer is not None:\n"
+        "            if w.peer_free(peer):\n                return name, None",
+        "    for name in reversed(names):\n        peer = w.model(name).peer\n        if peer is not None:\n"
+        "            if w.peer_free(peer):\n                return name, None",
         ("INV-POOL-PRIORITY",),
     ),
     "a reload keeps idle retired replicas": (

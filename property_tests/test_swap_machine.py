@@ -296,7 +296,12 @@ class SwapMachine(RuleBasedStateMachine):
                 held |= self.gpus(waiters[rid])
 
     def check_hold_wake(self, model: str) -> None:
-        """INV-SWAP-HOLD: a swap put off only by the hold of idle residents is woken when the hold ends."""
+        """INV-SWAP-HOLD: a swap put off only by the hold of idle residents is woken when the hold ends. (A
+        replica stopping on its GPUs puts it off too, until its exit, whose step sets the wake anew.)"""
+        stopping = any(
+            r["killed"] and r["model"] != model and self.gpus(r["model"]) & self.gpus(model)
+            for r in self.replicas.values()
+        )
         residents = {
             r["model"]
             for r in self.replicas.values()
@@ -304,7 +309,7 @@ class SwapMachine(RuleBasedStateMachine):
         } - {model}
         records = [r for r in self.replicas.values() if r["model"] in residents and not r["killed"]]
         queued = {m for m, _ in self.waiting.values()}
-        if not residents or residents & queued or any(r["inflight"] for r in records):
+        if not residents or stopping or residents & queued or any(r["inflight"] for r in records):
             return
         least = self.policy.min_residency
         if least and any(r["ready"] is None or r["ready"] + least > self.now for r in records):

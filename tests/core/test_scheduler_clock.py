@@ -94,4 +94,14 @@ def test_an_arrival_while_nothing_waits_goes_at_once() -> None:
     assert commands == (Dispatch(4, 1, "m"),)
     assert after.fair["b"] == 2.5 and after.vclock == 2.0  # starts at the clock, moves on by 1 / weight
     assert after.queues == state.queues and after.queued_by_key == state.queued_by_key
-    assert after.requests[4].phase == INFLIGHT and after.requests[4].seq == 4
+    assert after.requests[4].phase == INFLIGHT
+    # While another request waits (for a model that cannot load beside the first, and claims their GPU), an
+    # arrival goes through its queue even with a slot free, and the pass keeps it behind the claim.
+    two = {"m": ModelSpec(name="m", gpus=(0,), slots=2), "n": ModelSpec(name="n", gpus=(0,))}
+    state, _ = run(
+        initial_state(Settings(models=pmap(two))),
+        [RequestArrived(1, "m"), ReplicaReady(1), RequestArrived(2, "m"), RequestArrived(3, "n")],
+    )
+    assert state.waiting == 1
+    after, commands = step(state, RequestArrived(4, "m"))
+    assert commands == () and after.waiting == 2 and after.queues is not state.queues
